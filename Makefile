@@ -1,0 +1,37 @@
+# Every target uses .venv and creates it first when it is missing, so a fresh clone works.
+PY      := .venv/bin/python
+VENV_OK := .venv/.installed
+export PYTHONDONTWRITEBYTECODE=1
+
+.PHONY: install proto test lint demo bench chaos clean
+
+$(VENV_OK): pyproject.toml
+	python3 -m venv .venv
+	.venv/bin/pip install -q --upgrade pip
+	# torch first, pinned to the local CPU wheel; the ml extra's range then installs nothing more
+	.venv/bin/pip install -q "torch==2.13.0"
+	.venv/bin/pip install -q -e ".[ml,dev,plots]"
+	touch $(VENV_OK)
+
+install: $(VENV_OK)
+
+proto: $(VENV_OK)
+	$(PY) -m grpc_tools.protoc -I proto --python_out=libs --pyi_out=libs --grpc_python_out=libs proto/brigade/v1/brigade.proto
+
+test: $(VENV_OK)
+	$(PY) -m pytest -q tests
+
+lint: $(VENV_OK)
+	$(PY) -m ruff check libs services tests
+
+demo: $(VENV_OK)
+	.venv/bin/brigade up --demo
+
+bench: $(VENV_OK)
+	.venv/bin/brigade bench all --report bench/report.md
+
+chaos: $(VENV_OK)
+	BRIGADE_CHAOS_LONG=1 $(PY) -m pytest -q tests/test_chaos.py
+
+clean:
+	rm -rf .venv brigade-runs .pytest_cache .ruff_cache

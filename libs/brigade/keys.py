@@ -1,0 +1,154 @@
+"""Names shared by every service: Redis keys, bucket layout, batch ids and seeds (DESIGN.md)."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+# ---------------------------------------------------------------- Redis (prefix brigade:{run}:)
+
+WORK_GROUP = "rollout"      # consumer group on `work`: a pending entry is a lease
+LEARNER_GROUP = "learner"   # consumer group on `rollouts`
+RUNS_SET = "brigade:runs"   # every run id this Redis serves
+
+
+@dataclass(frozen=True)
+class RunKeys:
+    run: str
+
+    def _k(self, name: str) -> str:
+        return f"brigade:{self.run}:{name}"
+
+    @property
+    def work(self) -> str:          # stream of PromptBatch entries, group `rollout`
+        return self._k("work")
+
+    @property
+    def rollouts(self) -> str:      # stream of RolloutManifest entries, group `learner`
+        return self._k("rollouts")
+
+    @property
+    def events(self) -> str:        # capped stream of Event
+        return self._k("events")
+
+    @property
+    def deadletter(self) -> str:    # stream of dead batches with reason
+        return self._k("deadletter")
+
+    @property
+    def adapter_latest(self) -> str:  # string: newest published version
+        return self._k("adapter:latest")
+
+    @property
+    def adapters(self) -> str:      # hash version -> AdapterManifest bytes
+        return self._k("adapters")
+
+    @property
+    def completed(self) -> str:     # set of completed batch ids
+        return self._k("completed")
+
+    @property
+    def consumed(self) -> str:      # set of batch ids the learner trained on
+        return self._k("consumed")
+
+    @property
+    def spec(self) -> str:          # RunSpec bytes
+        return self._k("spec")
+
+    @property
+    def prompts(self) -> str:       # list of Prompt bytes, in dataset order
+        return self._k("prompts")
+
+    @property
+    def cursor(self) -> str:        # counter: batches cut so far
+        return self._k("cursor")
+
+    @property
+    def stats(self) -> str:         # hash of counters (expired, revoked, rejected, ...)
+        return self._k("stats")
+
+    @property
+    def workers(self) -> str:       # hash worker id -> WorkerInfo bytes
+        return self._k("workers")
+
+    @property
+    def metrics(self) -> str:       # stream of learner step metrics (JSON)
+        return self._k("metrics")
+
+    @property
+    def evals(self) -> str:         # hash version -> evaluator results (JSON)
+        return self._k("evals")
+
+    @property
+    def rejected(self) -> str:      # hash batch id -> reason: dropped as stale or invalid (terminal)
+        return self._k("rejected")
+
+    @property
+    def learner_step(self) -> str:  # string: last checkpointed learner step
+        return self._k("learner:step")
+
+    def lease(self, lease_id: str) -> str:  # hash: worker, batch, version, deadline, attempt
+        return self._k(f"leases:{lease_id}")
+
+
+# ---------------------------------------------------------------- bucket (prefix runs/{run}/)
+
+def run_prefix(run: str) -> str:
+    return f"runs/{run}/"
+
+
+def run_spec_key(run: str) -> str:
+    return f"runs/{run}/run.pb"
+
+
+def prompts_key(run: str) -> str:
+    return f"runs/{run}/prompts/prompts.pb"
+
+
+def adapter_prefix(run: str, version: int) -> str:
+    return f"runs/{run}/adapters/v{version:08d}/"
+
+
+def adapter_manifest_key(run: str, version: int) -> str:
+    return adapter_prefix(run, version) + "manifest.pb"
+
+
+def rollout_key(run: str, batch_id: str, attempt: int) -> str:
+    return f"runs/{run}/rollouts/{batch_id}/attempt-{attempt}.safetensors"
+
+
+def rollout_text_key(run: str, batch_id: str, attempt: int) -> str:
+    return f"runs/{run}/rollouts/{batch_id}/attempt-{attempt}.json"
+
+
+def checkpoint_prefix(run: str, step: int) -> str:
+    return f"runs/{run}/checkpoints/step-{step:08d}/"
+
+
+def eval_key(run: str, version: int) -> str:
+    return f"runs/{run}/evals/v{version:08d}.json"
+
+
+def metrics_key(run: str, step: int) -> str:
+    return f"runs/{run}/metrics/step-{step:08d}.json"
+
+
+# ---------------------------------------------------------------- batches and seeds
+
+def batch_id(run: str, epoch: int, index: int) -> str:
+    return f"{run}:{epoch}:{index}"
+
+
+def parse_batch_id(value: str) -> tuple[str, int, int]:
+    """Inverse of batch_id; ValueError with the offending value if malformed."""
+    run, sep1, rest = value.partition(":")
+    epoch, sep2, index = rest.partition(":")
+    if not (sep1 and sep2 and epoch.isdigit() and index.isdigit() and run):
+        raise ValueError(f"malformed batch id {value!r}, expected '{{run}}:{{epoch}}:{{index}}'")
+    return run, int(epoch), int(index)
+
+
+def batch_seed(run: str, batch: str, attempt: int) -> int:
+    """Deterministic sampling seed: a retried batch is reproducible, different attempts differ."""
+    digest = hashlib.sha256(f"{run}\0{batch}\0{attempt}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") & (2**63 - 1)

@@ -1,0 +1,49 @@
+"""Shared fixtures: a real redis-server and a real S3 HTTP API (moto server mode), each on a free
+port, started once per test session. The machine's own Redis on 6379 is never touched."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+
+from brigade.devservers import MOTO_ENV, start_moto, start_redis
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory):
+    server = start_redis(tmp_path_factory.mktemp("redis"), appendonly=True)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_url(redis_server) -> str:
+    return redis_server.url
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint():
+    server = start_moto()
+    old = {k: os.environ.get(k) for k in [*MOTO_ENV, "AWS_ENDPOINT_URL"]}
+    os.environ.update(MOTO_ENV)
+    os.environ["AWS_ENDPOINT_URL"] = server.url
+    yield server.url
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    server.stop()
+
+
+@pytest.fixture
+def s3_bucket_url(s3_endpoint) -> str:
+    """A fresh s3:// URL (new bucket name) per test; the bucket is created on first use."""
+    return f"s3://brigade-test-{uuid.uuid4().hex[:12]}/runs-root"
+
+
+@pytest.fixture
+def file_bucket_url(tmp_path) -> str:
+    return f"file://{tmp_path / 'bucket'}"
