@@ -1,0 +1,155 @@
+"""Adapter payloads: the bytes that move between the learner and the workers.
+
+An adapter version is a folder `runs/{run}/adapters/v{version:08d}/` in PEFT format
+(`adapter_model.safetensors` + `adapter_config.json`, loadable by `PeftModel.from_pretrained` and by
+vLLM's LoRA loader), or, with the int8 payload, `adapter_model.int8.safetensors` holding int8
+tensors with one float32 scale each (a quarter of fp32, half of bf16). `manifest.pb` is written last,
+so a version exists only once all its files do. Only safetensors is ever parsed: nothing pickled.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import torch
+from peft import PeftModel, get_peft_model_state_dict, set_peft_model_state_dict
+from safetensors import SafetensorError
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from brigade import keys
+from brigade.bucket import AlreadyExists, Bucket, sha256_hex
+from brigade.v1 import brigade_pb2 as pb
+
+WEIGHTS = "adapter_model.safetensors"
+WEIGHTS_INT8 = "adapter_model.int8.safetensors"
+CONFIG = "adapter_config.json"
+MANIFEST = "manifest.pb"
+SCALE_SUFFIX = ".__scale__"
+
+
+class InvalidAdapter(ValueError):
+    """Adapter files that are not safetensors, or whose tensors do not fit the model."""
+
+
+def adapter_state(model: PeftModel) -> dict[str, torch.Tensor]:
+    return {k: v.detach() for k, v in get_peft_model_state_dict(model).items()}
+
+
+def adapter_config_json(model: PeftModel) -> bytes:
+    config = model.peft_config["default"].to_dict()
+    config = {k: sorted(v) if isinstance(v, set) else v for k, v in config.items()}
+    return json.dumps(config, indent=2, sort_keys=True, default=str).encode()
+
+
+def encode(state: dict[str, torch.Tensor], config_json: bytes, payload: str = "bf16") -> tuple[dict[str, bytes], float]:
+    """The files of one adapter version and the relative quantization error (0 for bf16)."""
+    if payload == "bf16":
+        tensors = {k: v.to(torch.bfloat16).contiguous() for k, v in state.items()}
+        return {WEIGHTS: st_save(tensors, metadata={"format": "pt"}), CONFIG: config_json}, 0.0
+    if payload != "int8":
+        raise ValueError(f"unknown adapter payload {payload!r}; use bf16 or int8")
+    tensors: dict[str, torch.Tensor] = {}
+    err_sq = ref_sq = 0.0
+    for name, value in state.items():
+        value = value.float()
+        scale = value.abs().max().clamp(min=1e-12) / 127.0
+        q = torch.round(value / scale).clamp(-127, 127).to(torch.int8)
+        tensors[name] = q.contiguous()
+        tensors[name + SCALE_SUFFIX] = scale.reshape(1)
+        err_sq += float(((q.float() * scale) - value).pow(2).sum())
+        ref_sq += float(value.pow(2).sum())
+    rel_err = (err_sq / ref_sq) ** 0.5 if ref_sq > 0 else 0.0
+    return {WEIGHTS_INT8: st_save(tensors, metadata={"format": "brigade-int8"}), CONFIG: config_json}, rel_err
+
+
+def decode(files: dict[str, bytes]) -> dict[str, torch.Tensor]:
+    """Float32 adapter tensors from either payload; InvalidAdapter on anything else."""
+    if WEIGHTS in files:
+        raw = _load_safetensors(files[WEIGHTS], WEIGHTS)
+        return {k: v.float() for k, v in raw.items()}
+    if WEIGHTS_INT8 in files:
+        raw = _load_safetensors(files[WEIGHTS_INT8], WEIGHTS_INT8)
+        out = {}
+        for name, q in raw.items():
+            if name.endswith(SCALE_SUFFIX):
+                continue
+            scale = raw.get(name + SCALE_SUFFIX)
+            if scale is None or q.dtype != torch.int8:
+                raise InvalidAdapter(f"int8 adapter tensor {name!r} lacks its scale or is not int8")
+            out[name] = q.float() * scale.float()
+        return out
+    raise InvalidAdapter(f"adapter has neither {WEIGHTS} nor {WEIGHTS_INT8} (files: {sorted(files)})")
+
+
+def _load_safetensors(data: bytes, name: str) -> dict[str, torch.Tensor]:
+    try:
+        return st_load(data)
+    except (SafetensorError, ValueError, OSError) as e:
+        raise InvalidAdapter(f"{name} is not a valid safetensors file: {e}") from e
+
+
+def apply(model: PeftModel, state: dict[str, torch.Tensor]) -> None:
+    """Load adapter tensors into the model's active adapter, refusing wrong names or shapes."""
+    expected = get_peft_model_state_dict(model)
+    missing = sorted(set(expected) - set(state))
+    unknown = sorted(set(state) - set(expected))
+    if missing or unknown:
+        raise InvalidAdapter(f"adapter tensors do not match the model: missing {missing[:3]}, unknown {unknown[:3]}")
+    for name, value in state.items():
+        if tuple(value.shape) != tuple(expected[name].shape):
+            raise InvalidAdapter(f"adapter tensor {name} has shape {tuple(value.shape)}, the model needs {tuple(expected[name].shape)}")
+        if not torch.isfinite(value).all():
+            raise InvalidAdapter(f"adapter tensor {name} has NaN or infinite values")
+    set_peft_model_state_dict(model, state)
+
+
+# ---------------------------------------------------------------- bucket
+
+async def write_version(
+    bucket: Bucket, run: str, version: int, step: int, files: dict[str, bytes], payload: str, quant_error: float = 0.0
+) -> pb.AdapterManifest:
+    """Create-only writes of every file, then the manifest. Rewriting the same bytes after a crash is
+    allowed (the version is re-derived from a checkpoint); different bytes under a version are not."""
+    prefix = keys.adapter_prefix(run, version)
+    manifest = pb.AdapterManifest(
+        run_id=run, version=version, step=step, uri=bucket.url(prefix), payload=payload,
+        created_ms=int(time.time() * 1000), quantization_error=quant_error,
+    )
+    for name in sorted(files):
+        data = files[name]
+        digest = await _put_once(bucket, prefix + name, data)
+        manifest.files.add(name=name, sha256=digest, size_bytes=len(data))
+    try:
+        await bucket.put_new(prefix + MANIFEST, manifest.SerializeToString())
+    except AlreadyExists:
+        existing = pb.AdapterManifest.FromString(await bucket.get(prefix + MANIFEST))
+        if [(f.name, f.sha256) for f in existing.files] != [(f.name, f.sha256) for f in manifest.files]:
+            raise
+        return existing
+    return manifest
+
+
+async def _put_once(bucket: Bucket, key: str, data: bytes) -> str:
+    try:
+        return await bucket.put_new(key, data)
+    except AlreadyExists:
+        digest = sha256_hex(data)
+        if sha256_hex(await bucket.get(key)) != digest:
+            raise
+        return digest
+
+
+async def read_version(bucket: Bucket, run: str, version: int) -> tuple[pb.AdapterManifest, dict[str, bytes]]:
+    """The manifest and every file of a version, each checked against its sha256."""
+    prefix = keys.adapter_prefix(run, version)
+    manifest = pb.AdapterManifest.FromString(await bucket.get(prefix + MANIFEST))
+    if manifest.version != version or manifest.run_id != run:
+        raise InvalidAdapter(f"manifest at {prefix} says run {manifest.run_id!r} version {manifest.version}")
+    files = {}
+    for f in manifest.files:
+        if "/" in f.name or f.name.startswith("."):
+            raise InvalidAdapter(f"adapter manifest names a file outside its folder: {f.name!r}")
+        files[f.name] = await bucket.get(prefix + f.name, sha256=f.sha256)
+    return manifest, files

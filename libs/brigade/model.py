@@ -1,0 +1,118 @@
+"""Base model, LoRA and log-probs, shared by the learner, the rollout worker and the evaluator.
+
+Both sides compute token log-probs the same way (explicit position ids from the attention mask,
+logits divided by the sampling temperature), so an on-policy rollout scores a ratio of 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from brigade.v1 import brigade_pb2 as pb
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("BRIGADE_CACHE", Path.home() / ".cache" / "brigade"))
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("the run spec asks for device 'cuda' but no CUDA device is visible")
+    return torch.device(name)
+
+
+async def _download_prefix(url: str, dest: Path) -> None:
+    from brigade.bucket import open_bucket
+
+    async with open_bucket(url) as bucket:
+        keys = await bucket.list("")
+        if not keys:
+            raise FileNotFoundError(f"no model files under {url}")
+        for key in keys:
+            target = dest / key
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(await bucket.get(key))
+
+
+def resolve_model(name: str) -> str:
+    """A path or Hugging Face id that `from_pretrained` can load without a network round trip
+    where possible: 'demo' builds (once) the project's demo model, bucket URIs are mirrored into
+    the local cache, folders and hub ids pass through."""
+    if name == "demo":
+        from brigade.demo.build import build_demo_model, default_model_dir
+
+        return str(build_demo_model(default_model_dir()))
+    if name.startswith(("s3://", "file://")):
+        safe = name.split("://", 1)[1].strip("/").replace("/", "__")
+        dest = cache_dir() / "models" / safe
+        if not (dest / "config.json").exists():
+            partial = dest.with_name(dest.name + ".partial")
+            asyncio.run(_download_prefix(name, partial))
+            partial.rename(dest)
+        return str(dest)
+    return name
+
+
+def load_base(spec: pb.RunSpec, device: torch.device | None = None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    path = resolve_model(spec.model)
+    device = device or pick_device(spec.device)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[spec.dtype]).to(device)
+    model.requires_grad_(False)
+    return model, tokenizer
+
+
+def lora_config(spec: pb.RunSpec) -> LoraConfig:
+    targets = list(spec.lora.target_modules)
+    return LoraConfig(
+        r=spec.lora.rank,
+        lora_alpha=spec.lora.alpha,
+        lora_dropout=spec.lora.dropout,
+        target_modules="all-linear" if targets == ["all-linear"] else targets,
+        task_type="CAUSAL_LM",
+    )
+
+
+def attach_lora(model: PreTrainedModel, spec: pb.RunSpec) -> PeftModel:
+    """Adapter version 0: a freshly initialised LoRA (B = 0, so it equals the base model).
+    The init is seeded by the run so every process builds the same v0."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(spec.seed)
+        return get_peft_model(model, lora_config(spec))
+
+
+def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions that skip left padding, so a padded row scores like an unpadded one."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def completion_logprobs(
+    model: torch.nn.Module,
+    prompt_ids: torch.Tensor,        # [N, P] left-padded
+    prompt_mask: torch.Tensor,       # [N, P]
+    completion_ids: torch.Tensor,    # [N, C] right-padded
+    completion_mask: torch.Tensor,   # [N, C]
+    temperature: float = 1.0,
+) -> torch.Tensor:
+    """Log-probs [N, C] of each completion token under `model`, logits scaled by 1/temperature."""
+    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+    mask = torch.cat([prompt_mask, completion_mask], dim=1)
+    logits = model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids(mask)).logits
+    # the logit at position t predicts token t+1: keep the C positions that predict the completion
+    p = prompt_ids.shape[1]
+    logits = logits[:, p - 1 : -1, :].float() / temperature
+    # gather minus logsumexp: no second [N, C, vocab] tensor, which matters for large vocabularies
+    picked = logits.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
+    return (picked - torch.logsumexp(logits, dim=-1)) * completion_mask
