@@ -55,7 +55,7 @@ def test_compose_file_is_valid():
 
 def test_compose_commands_exist_in_the_cli():
     config = yaml.safe_load(COMPOSE.read_text())
-    for name, service in config["services"].items():
+    for service in config["services"].values():
         image = service.get("image", "")
         if image.startswith("brigade"):
             assert_cli_accepts(service["command"])
