@@ -1,0 +1,224 @@
+"""The bucket interface shared by both backends, its errors, and key validation.
+
+Every byte the services exchange (adapters, rollouts, checkpoints) goes through a `Bucket`.
+Keys are "/"-separated and relative to the bucket URL's prefix; they often come from
+manifests written by other processes, so they are validated before they touch a path or a
+request: a hostile key must not escape the prefix.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import hashlib
+from collections import deque
+from collections.abc import AsyncIterator
+from types import TracebackType
+
+# Reads are handed out (and hashed) in pieces of this size: big enough that per-chunk
+# overhead (a thread hop for hashing, an await) is negligible, small enough to bound memory
+# for streaming consumers.
+CHUNK_SIZE = 1 << 20
+
+# Below this, hashing inline costs less than the hop to a worker thread.
+_INLINE_HASH_BYTES = 256 << 10
+
+
+class BucketError(Exception):
+    """Base of every bucket failure; names the key and its full URI."""
+
+    def __init__(self, message: str, *, key: str | None = None, uri: str | None = None) -> None:
+        self.key = key
+        self.uri = uri
+        where = f" (key {key!r}, {uri})" if key is not None else (f" ({uri})" if uri else "")
+        super().__init__(f"{message}{where}")
+
+
+class AlreadyExists(BucketError):
+    """A create-only put found the key already written."""
+
+
+class NotFound(BucketError):
+    """The key (or the bucket itself) does not exist."""
+
+
+class CorruptObject(BucketError):
+    """The bytes read do not match the expected sha256."""
+
+
+def sha256_hex(data: bytes | bytearray | memoryview) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+async def sha256_hex_async(data: bytes | bytearray | memoryview) -> str:
+    """sha256 of a large buffer off the event loop (hashlib releases the GIL on big inputs,
+    so this overlaps with network IO instead of stalling it)."""
+    if len(data) < _INLINE_HASH_BYTES:
+        return sha256_hex(data)
+    return await start_sha256(data)
+
+
+def start_sha256(data: bytes | bytearray | memoryview) -> asyncio.Future[str]:
+    """Submit the hash to a worker thread *now* (not at the next loop turn, as a coroutine
+    would), so it runs alongside whatever the caller does next (e.g. botocore serialising and
+    sending the same bytes)."""
+    return asyncio.get_running_loop().run_in_executor(None, sha256_hex, data)
+
+
+def _update_all(h: hashlib._Hash, chunks: list[bytes]) -> None:
+    for c in chunks:
+        h.update(c)
+
+
+class IncrementalHasher:
+    """sha256 over a sequence of chunks, computed in a worker thread while the caller keeps
+    reading, so verification overlaps the download instead of adding a pass after it.
+
+    `update` never blocks: small network reads are batched (as lists, no join copy) and a
+    single pump task feeds the batches, in order, to one thread hop at a time. A thread is
+    held only while there is hashing to do, never while waiting for the network.
+    """
+
+    def __init__(self, batch_bytes: int = 4 * CHUNK_SIZE) -> None:
+        self._h = hashlib.sha256()
+        self._batch_bytes = batch_bytes
+        self._buf: list[bytes] = []
+        self._buffered = 0
+        self._queue: deque[list[bytes]] = deque()
+        self._pump_task: asyncio.Task[None] | None = None
+
+    def update(self, chunk: bytes) -> None:
+        self._buf.append(chunk)
+        self._buffered += len(chunk)
+        if self._buffered >= self._batch_bytes:
+            self._queue.append(self._buf)
+            self._buf, self._buffered = [], 0
+            if self._pump_task is None:
+                self._pump_task = asyncio.ensure_future(self._pump())
+
+    async def _pump(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while self._queue:
+                # Everything queued so far goes in one hop: fewer hops when we fall behind.
+                batch = [c for b in self._queue for c in b]
+                self._queue.clear()
+                await loop.run_in_executor(None, _update_all, self._h, batch)
+        finally:
+            # No await between the emptiness check and this line, so an update() that comes
+            # later sees None and starts a new pump.
+            self._pump_task = None
+
+    async def hexdigest(self) -> str:
+        if self._pump_task is not None:
+            await self._pump_task
+        _update_all(self._h, self._buf)  # the tail is under one batch: cheap inline
+        self._buf, self._buffered = [], 0
+        return self._h.hexdigest()
+
+    def cancel(self) -> None:
+        """Abandon (on error paths). A hop already in its thread finishes harmlessly."""
+        self._queue.clear()
+        if self._pump_task is not None:
+            self._pump_task.cancel()
+            self._pump_task = None
+
+
+# Names the local backend uses for in-progress writes; keys may not collide with them.
+TEMP_MARKER = ".brigade-tmp-"
+
+
+def check_key(key: str) -> str:
+    """Return `key` if it is a safe relative key, else raise ValueError.
+
+    Rejected: empty, absolute ("/x"), backslashes (a Windows path separator on some stores and
+    tools), empty / "." / ".." segments (path traversal or aliasing of the same object under two
+    keys), NUL, and names reserved for the local backend's temporary files.
+    """
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"bucket key must be a non-empty string, got {key!r}")
+    _check_parts(key, allow_trailing_slash=False)
+    return key
+
+
+def check_prefix(prefix: str) -> str:
+    """Like check_key, but "" (everything) and a trailing "/" (a folder) are allowed."""
+    if not isinstance(prefix, str):
+        raise ValueError(f"bucket prefix must be a string, got {prefix!r}")
+    if prefix:
+        _check_parts(prefix, allow_trailing_slash=True)
+    return prefix
+
+
+def _check_parts(key: str, *, allow_trailing_slash: bool) -> None:
+    if key.startswith("/"):
+        raise ValueError(f"bucket key must be relative, got {key!r}")
+    if "\\" in key or "\x00" in key:
+        raise ValueError(f"bucket key must not contain backslashes or NUL, got {key!r}")
+    parts = key.split("/")
+    if allow_trailing_slash and parts[-1] == "":
+        parts = parts[:-1]
+    for part in parts:
+        if part in ("", ".", ".."):
+            raise ValueError(f"bucket key has an empty, '.' or '..' segment: {key!r}")
+        if part.startswith(TEMP_MARKER):
+            raise ValueError(f"bucket key uses the reserved name {TEMP_MARKER!r}: {key!r}")
+
+
+class Bucket(abc.ABC):
+    """An object store rooted at a URL prefix. Async, safe to share between tasks."""
+
+    @abc.abstractmethod
+    def url(self, key: str) -> str:
+        """The full URI of `key`, e.g. "s3://name/prefix/key" or "file:///root/key"."""
+
+    @abc.abstractmethod
+    async def ensure(self) -> None:
+        """Create the bucket / folder if it is missing (idempotent)."""
+
+    @abc.abstractmethod
+    async def put(self, key: str, data: bytes) -> str:
+        """Write `data` at `key`, replacing what is there. Returns its sha256 hex."""
+
+    @abc.abstractmethod
+    async def put_new(self, key: str, data: bytes) -> str:
+        """Write `data` at `key` only if nothing is there (AlreadyExists otherwise)."""
+
+    @abc.abstractmethod
+    async def get(self, key: str, sha256: str | None = None) -> bytes:
+        """Read `key`; with `sha256`, raise CorruptObject unless the bytes match it."""
+
+    @abc.abstractmethod
+    def stream(self, key: str, chunk_size: int = CHUNK_SIZE) -> AsyncIterator[bytes]:
+        """Read `key` in chunks of at most `chunk_size` bytes (NotFound if missing)."""
+
+    @abc.abstractmethod
+    async def exists(self, key: str) -> bool: ...
+
+    @abc.abstractmethod
+    async def list(self, prefix: str = "") -> list[str]:
+        """All keys starting with `prefix` (relative to the bucket's prefix), sorted."""
+
+    @abc.abstractmethod
+    async def delete(self, key: str) -> None:
+        """Remove `key`; a missing key is not an error."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
+        """Release connections; the bucket may not be used afterwards."""
+
+    async def __aenter__(self) -> Bucket:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    def _check_digest(self, key: str, expected: str | None, actual: str) -> None:
+        if expected is not None and expected.lower() != actual:
+            raise CorruptObject(
+                f"sha256 mismatch: expected {expected}, read {actual}", key=key, uri=self.url(key)
+            )
