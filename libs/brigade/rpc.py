@@ -18,6 +18,9 @@ CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.keepalive_time_ms", 20_000),
     ("grpc.keepalive_permit_without_calls", 1),
+    # gRPC's reconnect backoff grows to 120 s by default: after a long proxy outage a client would
+    # sit idle up to two minutes after the proxy is back. Cap it; callers add their own jittered retries.
+    ("grpc.max_reconnect_backoff_ms", 5_000),
 ]
 # Health checking and reflection stay open so load balancers and grpcurl work without a token.
 OPEN_METHOD_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
@@ -29,7 +32,7 @@ def _read(path: str) -> bytes:
 
 # ---------------------------------------------------------------- client side
 
-class _BearerToken(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientInterceptor):
+class _BearerToken:
     def __init__(self, token: str):
         self._metadata = ("authorization", f"Bearer {token}")
 
@@ -38,16 +41,22 @@ class _BearerToken(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamCli
         return grpc.aio.ClientCallDetails(details.method, details.timeout, metadata, details.credentials,
                                           details.wait_for_ready)
 
+
+# grpc.aio files each interceptor under ONE call type (an if/elif on its base classes), so a class
+# deriving from both would never see server-streaming calls (WatchRun): one class per call type.
+class _BearerTokenUnary(_BearerToken, grpc.aio.UnaryUnaryClientInterceptor):
     async def intercept_unary_unary(self, continuation, client_call_details, request):
         return await continuation(self._details(client_call_details), request)
 
+
+class _BearerTokenStream(_BearerToken, grpc.aio.UnaryStreamClientInterceptor):
     async def intercept_unary_stream(self, continuation, client_call_details, request):
         return await continuation(self._details(client_call_details), request)
 
 
 def open_channel(target: str, token: str = "", tls_ca: str = "") -> grpc.aio.Channel:
     """An aio channel to the proxy; TLS when a CA file is given (or target starts with https://)."""
-    interceptors = [_BearerToken(token)] if token else None
+    interceptors = [_BearerTokenUnary(token), _BearerTokenStream(token)] if token else None
     if target.startswith("https://"):
         target, tls = target.removeprefix("https://"), True
     else:

@@ -1,0 +1,370 @@
+"""`brigade ctl`: look at a run through the proxy (RunService). Readable tables on a terminal,
+`--json` for scripts. Talks gRPC only: no Redis, no bucket, no torch.
+
+A connection or auth problem prints one line (what failed, what to check) and exits 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime
+from typing import Annotated, Any, TypeVar
+
+import grpc
+import typer
+from google.protobuf import json_format
+from google.protobuf.message import Message
+
+from brigade.options import DEFAULTS, ProxyAddr, Run, TlsCa, Token
+from brigade.rpc import ProxyClient, describe_rpc_error
+from brigade.v1 import brigade_pb2 as pb
+
+app = typer.Typer(
+    name="ctl",
+    help="Inspect a run through the proxy: status, events, leases, workers, adapters, dead letters, metrics.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+Timeout = Annotated[float, typer.Option("--timeout", help="Seconds to wait for the proxy.")]
+T = TypeVar("T")
+
+
+# ---------------------------------------------------------------- plumbing
+
+def _fail(message: str) -> None:
+    typer.echo(f"brigade ctl: {message}", err=True)
+    raise typer.Exit(1)
+
+
+def _call(target: str, token: str, tls_ca: str, fn: Callable[[ProxyClient], Awaitable[T]]) -> T:
+    """Run one async exchange with the proxy; any failure is one line on stderr and exit 1."""
+
+    async def main() -> T:
+        async with ProxyClient.connect(target, token, tls_ca) as client:
+            return await fn(client)
+
+    try:
+        return asyncio.run(main())
+    except grpc.aio.AioRpcError as e:
+        _fail(describe_rpc_error(e, target))
+    except OSError as e:  # e.g. the --tls-ca file cannot be read
+        _fail(f"{e.strerror or e}: {e.filename or ''}".rstrip(": "))
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def to_dict(message: Message) -> dict[str, Any]:
+    return json_format.MessageToDict(message, preserving_proto_field_name=True,
+                                     always_print_fields_with_no_presence=True)
+
+
+def _print_json(value: Any) -> None:
+    typer.echo(json.dumps(value, indent=2, sort_keys=False))
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], empty: str = "(none)") -> str:
+    """A plain aligned table: numbers right-aligned, text left-aligned, two spaces between."""
+    if not rows:
+        return empty
+    cells = [[_cell(v) for v in row] for row in rows]
+    numeric = [all(isinstance(row[i], int | float) and not isinstance(row[i], bool) for row in rows)
+               for i in range(len(headers))]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
+
+    def line(values: Sequence[str]) -> str:
+        parts = [v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric, strict=True)]
+        return "  ".join(parts).rstrip()
+
+    return "\n".join([line(list(headers)), line(["-" * w for w in widths]), *(line(r) for r in cells)])
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else ""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _when(ms: int) -> str:
+    if not ms:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _ago(ms: int, now_ms: int | None = None) -> str:
+    if not ms:
+        return "never"
+    now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
+    return _duration(now_ms - ms) + " ago"
+
+
+def _duration(delta_ms: int) -> str:
+    s = abs(delta_ms) / 1000
+    if s < 60:
+        text = f"{s:.0f}s" if s >= 10 else f"{s:.1f}s"
+    elif s < 3600:
+        text = f"{s / 60:.0f}m"
+    elif s < 86400:
+        text = f"{s / 3600:.1f}h"
+    else:
+        text = f"{s / 86400:.1f}d"
+    return text
+
+
+def _deadline(ms: int, now_ms: int) -> str:
+    if not ms:
+        return "-"
+    delta = ms - now_ms
+    return f"in {_duration(delta)}" if delta >= 0 else f"passed {_duration(delta)} ago"
+
+
+# ---------------------------------------------------------------- commands
+
+@app.command()
+def status(
+    run: Run = DEFAULTS.run,
+    proxy: ProxyAddr = DEFAULTS.proxy,
+    token: Token = "",
+    tls_ca: TlsCa = "",
+    as_json: AsJson = False,
+) -> None:
+    """One run's counters: where every batch is, versions, steps."""
+    state = _call(proxy, token, tls_ca, lambda c: c.runs.GetRun(pb.RunRef(run_id=run), timeout=15))
+    if as_json:
+        _print_json(to_dict(state))
+        return
+    typer.echo(format_status(state))
+
+
+def format_status(s: pb.RunState) -> str:
+    spec = s.spec
+    per_epoch = -(-s.num_prompts // max(1, spec.prompts_per_batch))
+    cut = f"{s.batches_created}" + (f" / {per_epoch * spec.epochs}" if spec.epochs else f" ({per_epoch} per epoch)")
+    steps = f"{s.learner_step}" + (f" / {spec.max_steps}" if spec.max_steps else "")
+    capacity = max(1, spec.batches_per_step) * (spec.staleness.max_staleness + 1)
+    outstanding = s.queued + s.leased + s.completed
+    rows = [
+        ("run", spec.run_id),
+        ("state", "finished" if s.finished else "running"),
+        ("model", spec.model),
+        ("created", _when(s.created_ms)),
+        ("adapter version", s.latest_version),
+        ("learner step", steps),
+        ("mode", ("sync" if spec.sync else "async") + f", max_staleness {spec.staleness.max_staleness}"),
+        ("prompts", s.num_prompts),
+        ("batches cut", cut),
+        ("outstanding", f"{outstanding} / {capacity} (admission cap)"),
+        ("  queued", s.queued),
+        ("  leased", s.leased),
+        ("  completed, waiting", s.completed),
+        ("consumed", s.consumed),
+        ("rejected by learner", s.rejected),
+        ("stale removed", s.stale_removed),
+        ("dead-lettered", s.deadlettered),
+        ("expired leases", s.expired),
+        ("revoked leases", s.revoked),
+        ("duplicate completions", s.duplicates),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+@app.command()
+def runs(
+    proxy: ProxyAddr = DEFAULTS.proxy,
+    token: Token = "",
+    tls_ca: TlsCa = "",
+    as_json: AsJson = False,
+) -> None:
+    """Every run the proxy's Redis knows."""
+    resp = _call(proxy, token, tls_ca, lambda c: c.runs.ListRuns(pb.ListRunsRequest(), timeout=15))
+    if as_json:
+        _print_json([to_dict(r) for r in resp.runs])
+        return
+    rows = [(r.spec.run_id, r.latest_version, r.learner_step, r.batches_created, r.queued, r.leased, r.completed,
+             r.consumed, r.rejected + r.stale_removed, r.deadlettered, "finished" if r.finished else "running")
+            for r in resp.runs]
+    typer.echo(table(["RUN", "VERSION", "STEP", "CUT", "QUEUED", "LEASED", "WAITING", "CONSUMED", "REJECTED",
+                      "DEAD", "STATE"], rows, "(no runs)"))
+
+
+@app.command()
+def leases(
+    run: Run = DEFAULTS.run,
+    proxy: ProxyAddr = DEFAULTS.proxy,
+    token: Token = "",
+    tls_ca: TlsCa = "",
+    as_json: AsJson = False,
+) -> None:
+    """Leases in flight: batch, worker, adapter version, attempt, deadline."""
+    resp = _call(proxy, token, tls_ca, lambda c: c.runs.ListLeases(pb.RunRef(run_id=run), timeout=15))
+    if as_json:
+        _print_json([to_dict(x) for x in resp.leases])
+        return
+    now = int(time.time() * 1000)
+    rows = [(x.lease_id, x.batch_id, x.worker_id, x.adapter_version, x.attempt, _deadline(x.deadline_ms, now),
+             "REVOKED" if x.revoked else "") for x in resp.leases]
+    typer.echo(table(["LEASE", "BATCH", "WORKER", "VERSION", "ATTEMPT", "DEADLINE", ""], rows, "(no leases in flight)"))
+
+
+@app.command()
+def workers(
+    run: Run = DEFAULTS.run,
+    proxy: ProxyAddr = DEFAULTS.proxy,
+    token: Token = "",
+    tls_ca: TlsCa = "",
+    as_json: AsJson = False,
+) -> None:
+    """Rollout workers seen by the run: capacity class, price, leases granted and completed."""
+    resp = _call(proxy, token, tls_ca, lambda c: c.runs.ListWorkers(pb.RunRef(run_id=run), timeout=15))
+    if as_json:
+        _print_json([to_dict(x) for x in resp.workers])
+        return
+    now = int(time.time() * 1000)
+    rows = [(w.worker_id, w.capacity_class or "-", w.engine or "-", w.price_per_hour, w.leases_granted,
+             w.leases_completed, _ago(w.last_seen_ms, now)) for w in resp.workers]
+    typer.echo(table(["WORKER", "CLASS", "ENGINE", "$/H", "GRANTED", "COMPLETED", "LAST SEEN"], rows,
+                     "(no workers yet)"))
+
+
+@app.command()
+def adapters(
+    run: Run = DEFAULTS.run,
+    proxy: ProxyAddr = DEFAULTS.proxy,
+    token: Token = "",
+    tls_ca: TlsCa = "",
+    as_json: AsJson = False,
+) -> None:
+    """Published adapter versions, with evaluator results when there are any."""
+    resp = _call(proxy, token, tls_ca, lambda c: c.runs.ListAdapters(pb.RunRef(run_id=run), timeout=15))
+    if as_json:
+        out = []
+        for a in resp.adapters:
+            d = to_dict(a)
+            d["eval"] = _parse_json(a.eval_json)
+            out.append(d)
+        _print_json(out)
+        return
+    rows = [(a.version, a.step, a.payload or "-", _when(a.created_ms), _summary(_parse_json(a.eval_json)), a.uri)
+            for a in resp.adapters]
+    typer.echo(table(["VERSION", "STEP", "PAYLOAD", "CREATED", "EVAL", "URI"], rows, "(no adapters published yet)"))
+
+
+@app.command()
+def deadletters(
+    run: Run = DEFAULTS.run,
+    proxy: ProxyAddr = DEFAULTS.proxy,
+    token: Token = "",
+    tls_ca: TlsCa = "",
+    as_json: AsJson = False,
+) -> None:
+    """Batches given up on after max_attempts failures, and why."""
+    resp = _call(proxy, token, tls_ca, lambda c: c.runs.ListDeadLetters(pb.RunRef(run_id=run), timeout=15))
+    if as_json:
+        _print_json([to_dict(x) for x in resp.dead_letters])
+        return
+    rows = [(d.batch_id, d.attempts, d.last_worker or "-", _when(d.time_ms), d.reason) for d in resp.dead_letters]
+    typer.echo(table(["BATCH", "ATTEMPTS", "LAST WORKER", "TIME", "REASON"], rows, "(no dead letters)"))
+
+
+@app.command()
+def metrics(
+    run: Run = DEFAULTS.run,
+    last: Annotated[int, typer.Option("--last", help="The last N steps; 0 = all kept.")] = 20,
+    proxy: ProxyAddr = DEFAULTS.proxy,
+    token: Token = "",
+    tls_ca: TlsCa = "",
+    as_json: AsJson = False,
+) -> None:
+    """The learner's per-step metrics."""
+    resp = _call(proxy, token, tls_ca,
+                 lambda c: c.runs.GetMetrics(pb.GetMetricsRequest(run_id=run, last=max(0, last)), timeout=15))
+    parsed = [(s.step, _parse_json(s.metrics_json)) for s in resp.steps]
+    if as_json:
+        _print_json([{"step": step, "metrics": m} for step, m in parsed])
+        return
+    columns: list[str] = []
+    for _, m in parsed:
+        if isinstance(m, dict):
+            for key, value in m.items():
+                if key not in columns and key != "step" and isinstance(value, int | float) and len(columns) < 8:
+                    columns.append(key)
+    rows = [(step, *((m.get(c, "") if isinstance(m, dict) else "") for c in columns)) for step, m in parsed]
+    typer.echo(table(["STEP", *(c.upper() for c in columns)], rows, "(no metrics yet)"))
+
+
+@app.command()
+def watch(
+    run: Run = DEFAULTS.run,
+    from_start: Annotated[bool, typer.Option("--from-start", help="Replay the kept events first.")] = False,
+    after: Annotated[str, typer.Option("--after", help="Resume after this event id.")] = "",
+    proxy: ProxyAddr = DEFAULTS.proxy,
+    token: Token = "",
+    tls_ca: TlsCa = "",
+    as_json: AsJson = False,
+) -> None:
+    """Tail the run's events (grants, completions, expiries, publishes, steps) until Ctrl-C."""
+
+    async def tail(client: ProxyClient) -> None:
+        last, start, seen = after, from_start, False
+        while True:
+            stream = client.runs.WatchRun(pb.WatchRunRequest(run_id=run, after_id=last, from_start=start and not last))
+            try:
+                async for event in stream:
+                    seen, last = True, event.id
+                    if as_json:
+                        line = json.dumps({"id": event.id, "type": event.type, "time_ms": event.time_ms,
+                                           "attrs": dict(event.attrs)})
+                    else:
+                        line = format_event(event)
+                    sys.stdout.write(line + "\n")
+                    sys.stdout.flush()
+                return
+            except grpc.aio.AioRpcError as e:
+                # the proxy restarted under a watch that was working: resume after the last event
+                if not seen or e.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise
+                typer.echo(f"brigade ctl: {describe_rpc_error(e, proxy)}; resuming", err=True)
+                await asyncio.sleep(1.0)
+
+    try:
+        _call(proxy, token, tls_ca, tail)
+    except typer.Exit as e:
+        if e.exit_code == 130:  # Ctrl-C is how watch ends
+            raise typer.Exit(0) from None
+        raise
+
+
+def format_event(event: pb.Event) -> str:
+    when = datetime.fromtimestamp(event.time_ms / 1000, tz=UTC).strftime("%H:%M:%S.%f")[:-3]
+    attrs = " ".join(f"{k}={v}" for k, v in sorted(event.attrs.items()))
+    return f"{when}  {event.type:<18} {attrs}"
+
+
+def _parse_json(text: str) -> Any:
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _summary(value: Any, limit: int = 60) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, dict):
+        parts = [f"{k}={_cell(v)}" for k, v in value.items() if isinstance(v, int | float | str)]
+        text = " ".join(parts)
+    else:
+        text = str(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."

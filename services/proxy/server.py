@@ -1,0 +1,494 @@
+"""The lease proxy: LeaseService, LearnerService and RunService over grpc.aio, thin over
+`brigade.queue` (all state lives in Redis, so any number of replicas may serve one run).
+
+Every handler validates its request, calls one queue operation and maps refusals to status codes;
+anything unexpected becomes INTERNAL (logged with its traceback) and the server keeps serving.
+Health checking and reflection are registered so `grpcurl` and load balancers work; they stay open
+when a bearer token is required.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import math
+import signal
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import redis.exceptions
+import structlog
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+from grpc_reflection.v1alpha import reflection
+
+from brigade import keys
+from brigade.queue import (
+    MAX_ID_CHARS,
+    AlreadyExists,
+    InvalidArgument,
+    NotFound,
+    Queue,
+    QueueError,
+    check_id,
+    check_stream_id,
+)
+from brigade.rpc import CHANNEL_OPTIONS, BearerAuthInterceptor, server_credentials
+from brigade.v1 import brigade_pb2 as pb
+from brigade.v1 import brigade_pb2_grpc as pbg
+
+log = structlog.get_logger("brigade.proxy")
+
+SERVICE_NAMES = (
+    pb.DESCRIPTOR.services_by_name["LeaseService"].full_name,
+    pb.DESCRIPTOR.services_by_name["LearnerService"].full_name,
+    pb.DESCRIPTOR.services_by_name["RunService"].full_name,
+)
+
+
+# ---------------------------------------------------------------- error mapping
+
+def _status(e: Exception) -> tuple[grpc.StatusCode, str]:
+    if isinstance(e, QueueError):
+        return grpc.StatusCode[e.code], str(e)
+    if isinstance(e, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
+        return grpc.StatusCode.UNAVAILABLE, f"the proxy cannot reach Redis: {e}"
+    if isinstance(e, redis.exceptions.BusyLoadingError):
+        return grpc.StatusCode.UNAVAILABLE, "Redis is loading its data; retry shortly"
+    if type(e).__module__.startswith("brigade.bucket"):
+        return grpc.StatusCode.UNAVAILABLE, f"bucket error: {e}"
+    return grpc.StatusCode.INTERNAL, f"internal error in the proxy ({type(e).__name__}); see the proxy log"
+
+
+def _log_failure(method: str, e: Exception, code: grpc.StatusCode) -> None:
+    if code == grpc.StatusCode.INTERNAL:
+        log.error("rpc failed", method=method, error=repr(e), exc_info=e)
+    elif code == grpc.StatusCode.UNAVAILABLE:
+        log.warning("rpc unavailable", method=method, error=str(e))
+
+
+class Malformed:
+    """Stands in for a request whose bytes do not parse, so the handler answers INVALID_ARGUMENT
+    (grpc itself would answer UNKNOWN)."""
+
+    def __init__(self, type_name: str, error: Exception):
+        self.message = f"malformed {type_name}: {error}"
+
+
+def _safe_deserializer(cls: type) -> Callable[[bytes], Any]:
+    def deserialize(data: bytes) -> Any:
+        try:
+            return cls.FromString(data)
+        except Exception as e:  # noqa: BLE001 - DecodeError and friends
+            return Malformed(cls.DESCRIPTOR.name, e)
+
+    return deserialize
+
+
+def add_servicer(server: grpc.aio.Server, service: str, servicer: Any) -> None:
+    """What the generated add_*Servicer_to_server does, with request parsing that cannot escape."""
+    descriptor = pb.DESCRIPTOR.services_by_name[service]
+    handlers = {}
+    for method in descriptor.methods:
+        request_cls = getattr(pb, method.input_type.name)
+        response_cls = getattr(pb, method.output_type.name)
+        make = grpc.unary_stream_rpc_method_handler if method.server_streaming else grpc.unary_unary_rpc_method_handler
+        handlers[method.name] = make(getattr(servicer, method.name), request_deserializer=_safe_deserializer(request_cls),
+                                     response_serializer=response_cls.SerializeToString)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(descriptor.full_name, handlers),))
+    server.add_registered_method_handlers(descriptor.full_name, handlers)
+
+
+def rpc(fn: Callable) -> Callable:
+    """Unary handler: QueueError -> its status, Redis down -> UNAVAILABLE, anything else -> INTERNAL."""
+
+    @functools.wraps(fn)
+    async def handler(self, request, context: grpc.aio.ServicerContext):
+        if isinstance(request, Malformed):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
+        try:
+            return await fn(self, request, context)
+        except (grpc.aio.AbortError, asyncio.CancelledError):
+            raise
+        except Exception as e:  # noqa: BLE001 - the point: no exception escapes to grpc
+            code, message = _status(e)
+            _log_failure(fn.__name__, e, code)
+            await context.abort(code, message)
+
+    return handler
+
+
+def rpc_stream(fn: Callable) -> Callable:
+    """Server-streaming variant of `rpc`."""
+
+    @functools.wraps(fn)
+    async def handler(self, request, context: grpc.aio.ServicerContext):
+        if isinstance(request, Malformed):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
+        try:
+            async for item in fn(self, request, context):
+                yield item
+        except (grpc.aio.AbortError, asyncio.CancelledError):
+            raise
+        except Exception as e:  # noqa: BLE001
+            code, message = _status(e)
+            _log_failure(fn.__name__, e, code)
+            await context.abort(code, message)
+
+    return handler
+
+
+def check_run(run: str) -> str:
+    return check_id("run_id", run)
+
+
+def _check_short(name: str, value: str) -> str:
+    if len(value) > MAX_ID_CHARS:
+        raise InvalidArgument(f"{name} is {len(value)} characters long; the limit is {MAX_ID_CHARS}")
+    return value
+
+
+# ---------------------------------------------------------------- the proxy
+
+class Proxy:
+    """What the three servicers share: the queue and (optionally) the bucket."""
+
+    def __init__(self, queue: Queue, bucket: Any = None, bucket_url: str = "", owns_bucket: bool = True):
+        self.queue = queue
+        self.bucket = bucket
+        self.bucket_url = bucket_url
+        self.owns_bucket = owns_bucket
+        self._ensured = False
+
+    def adapter_uri(self, run: str, version: int) -> str:
+        prefix = keys.adapter_prefix(run, version)
+        if self.bucket is not None:
+            try:
+                return self.bucket.url(prefix.rstrip("/")) + "/"
+            except Exception:  # noqa: BLE001 - an exotic bucket URL: fall back to joining strings
+                pass
+        if self.bucket_url:
+            return f"{self.bucket_url.rstrip('/')}/{prefix}"
+        return prefix
+
+    async def store_run(self, run: str, spec_bytes: bytes, prompts_bytes: bytes) -> None:
+        """run.pb and the prompt set, create-only; an identical object already there is fine."""
+        if self.bucket is None:
+            return
+        from brigade.bucket.base import AlreadyExists as BucketAlreadyExists
+
+        if not self._ensured:
+            try:
+                await self.bucket.ensure()
+                self._ensured = True
+            except Exception as e:  # noqa: BLE001 - no right to create it? the put says what is wrong
+                log.warning("cannot ensure the bucket exists", bucket=self.bucket_url, error=str(e))
+
+        for key, data in ((keys.run_spec_key(run), spec_bytes), (keys.prompts_key(run), prompts_bytes)):
+            try:
+                await self.bucket.put_new(key, data)
+            except BucketAlreadyExists:
+                if await self.bucket.get(key) != data:
+                    raise AlreadyExists(f"the bucket already holds a different {key} (from an earlier run with "
+                                        f"this id?); pick a new run_id") from None
+
+    async def close(self) -> None:
+        await self.queue.close()
+        if self.bucket is not None and self.owns_bucket:
+            await self.bucket.close()
+
+
+class LeaseServicer(pbg.LeaseServiceServicer):
+    def __init__(self, proxy: Proxy):
+        self.proxy = proxy
+        self.queue = proxy.queue
+
+    @rpc
+    async def AcquireLease(self, request: pb.AcquireLeaseRequest, context) -> pb.AcquireLeaseResponse:
+        run = check_run(request.run_id)
+        worker = check_id("worker_id", request.worker_id)
+        _check_short("capacity_class", request.capacity_class)
+        _check_short("engine", request.engine)
+        if not math.isfinite(request.price_per_hour) or request.price_per_hour < 0:
+            raise InvalidArgument("price_per_hour must be a finite number >= 0")
+        info = pb.WorkerInfo(worker_id=worker, capacity_class=request.capacity_class,
+                             price_per_hour=request.price_per_hour, engine=request.engine)
+        g = await self.queue.acquire(run, worker, info.SerializeToString())
+        if not g.granted:
+            return pb.AcquireLeaseResponse(granted=False, reason=g.reason, retry_after_ms=g.retry_after_ms)
+        ri = await self.queue.run(run)
+        lease = pb.Lease(
+            lease_id=g.lease_id, run_id=run, batch=ri.batch(g.batch_id), adapter_version=g.version,
+            adapter_uri=self.proxy.adapter_uri(run, g.version), seed=keys.batch_seed(run, g.batch_id, g.attempt),
+            attempt=g.attempt, deadline_ms=g.deadline_ms, lease_seconds=ri.lease_ms // 1000,
+        )
+        return pb.AcquireLeaseResponse(granted=True, lease=lease)
+
+    @rpc
+    async def Heartbeat(self, request: pb.HeartbeatRequest, context) -> pb.HeartbeatResponse:
+        run = check_run(request.run_id)
+        lease_id = check_stream_id("lease_id", request.lease_id)
+        worker = check_id("worker_id", request.worker_id)
+        b = await self.queue.heartbeat(run, lease_id, worker)
+        status = {"ok": pb.HeartbeatResponse.OK, "lost": pb.HeartbeatResponse.LOST,
+                  "revoked": pb.HeartbeatResponse.REVOKED}[b.status]
+        return pb.HeartbeatResponse(status=status, deadline_ms=b.deadline_ms,
+                                    latest_adapter_version=b.latest_version, message=b.message)
+
+    @rpc
+    async def CompleteLease(self, request: pb.CompleteLeaseRequest, context) -> pb.CompleteLeaseResponse:
+        run = check_run(request.run_id)
+        lease_id = check_stream_id("lease_id", request.lease_id)
+        worker = check_id("worker_id", request.worker_id)
+        if not request.HasField("manifest"):
+            raise InvalidArgument("manifest is required")
+        if request.manifest.worker_id and request.manifest.worker_id != worker:
+            raise InvalidArgument("manifest worker_id does not match the request's worker_id")
+        c = await self.queue.complete(run, lease_id, worker, request.manifest)
+        return pb.CompleteLeaseResponse(duplicate=c.duplicate)
+
+    @rpc
+    async def FailLease(self, request: pb.FailLeaseRequest, context) -> pb.FailLeaseResponse:
+        run = check_run(request.run_id)
+        lease_id = check_stream_id("lease_id", request.lease_id)
+        worker = check_id("worker_id", request.worker_id)
+        if request.reason not in (pb.FailLeaseRequest.ERROR, pb.FailLeaseRequest.PREEMPTED):
+            raise InvalidArgument("reason must be ERROR or PREEMPTED")
+        f = await self.queue.fail(run, lease_id, worker, preempted=request.reason == pb.FailLeaseRequest.PREEMPTED,
+                                  message=request.message[:1000])
+        return pb.FailLeaseResponse(requeued=f.requeued, deadlettered=f.deadlettered, next_attempt=f.next_attempt)
+
+
+class LearnerServicer(pbg.LearnerServiceServicer):
+    def __init__(self, proxy: Proxy):
+        self.queue = proxy.queue
+
+    @rpc
+    async def PullRollouts(self, request: pb.PullRolloutsRequest, context) -> pb.PullRolloutsResponse:
+        run = check_run(request.run_id)
+        learner = check_id("learner_id", request.learner_id)
+        wait_ms = request.wait_ms
+        remaining = context.time_remaining()
+        if remaining is not None:  # answer (empty) before the caller's deadline, not after it
+            wait_ms = min(wait_ms, max(0, int(remaining * 1000) - 200))
+        pulled = await self.queue.pull(run, learner, request.max_manifests, wait_ms, request.include_pending)
+        return pb.PullRolloutsResponse(
+            rollouts=[pb.PulledRollout(delivery_id=d, manifest=m) for d, m in pulled.rollouts],
+            latest_adapter_version=pulled.latest_version,
+        )
+
+    @rpc
+    async def AckRollouts(self, request: pb.AckRolloutsRequest, context) -> pb.AckRolloutsResponse:
+        run = check_run(request.run_id)
+        _check_short("learner_id", request.learner_id)
+        if len(request.metrics_json) > 1_000_000:
+            raise InvalidArgument("metrics_json is larger than 1 MB")
+        acked = await self.queue.ack(run, request.learner_id, list(request.delivery_ids),
+                                     list(request.consumed_batch_ids), list(request.rejected_batch_ids),
+                                     request.step, request.metrics_json)
+        return pb.AckRolloutsResponse(acked=acked)
+
+    @rpc
+    async def PublishAdapter(self, request: pb.PublishAdapterRequest, context) -> pb.PublishAdapterResponse:
+        run = check_run(request.run_id)
+        if not request.HasField("manifest"):
+            raise InvalidArgument("manifest is required")
+        latest = await self.queue.publish(run, request.manifest)
+        log.info("adapter published", run=run, version=request.manifest.version, latest=latest)
+        return pb.PublishAdapterResponse(latest_version=latest)
+
+
+class RunServicer(pbg.RunServiceServicer):
+    def __init__(self, proxy: Proxy):
+        self.proxy = proxy
+        self.queue = proxy.queue
+
+    @rpc
+    async def CreateRun(self, request: pb.CreateRunRequest, context) -> pb.CreateRunResponse:
+        if not request.HasField("spec"):
+            raise InvalidArgument("spec is required")
+        spec, prompts = request.spec, list(request.prompts)
+        self.queue.validate_run(spec, prompts)
+        run = spec.run_id
+        if not await self.queue.run_exists(run):
+            bundle = pb.PromptBatch(run_id=run, prompts=prompts)
+            await self.proxy.store_run(run, spec.SerializeToString(deterministic=True),
+                                       bundle.SerializeToString(deterministic=True))
+        created = await self.queue.create_run(spec, prompts, exist_ok=request.exist_ok)
+        log.info("run created" if created else "run exists", run=run, prompts=len(prompts))
+        return pb.CreateRunResponse(run_id=run, created=created)
+
+    @rpc
+    async def GetRun(self, request: pb.RunRef, context) -> pb.RunState:
+        return await self.queue.run_state(check_run(request.run_id))
+
+    @rpc
+    async def ListRuns(self, request: pb.ListRunsRequest, context) -> pb.ListRunsResponse:
+        states = []
+        for run in await self.queue.run_ids():
+            try:
+                states.append(await self.queue.run_state(run))
+            except NotFound:  # listed but half-created or removed: skip it
+                continue
+        return pb.ListRunsResponse(runs=states)
+
+    @rpc_stream
+    async def WatchRun(self, request: pb.WatchRunRequest, context) -> AsyncIterator[pb.Event]:
+        run = check_run(request.run_id)
+        if request.after_id:
+            check_stream_id("after_id", request.after_id)
+        async for event in self.queue.events(run, request.after_id, request.from_start):
+            yield event
+
+    @rpc
+    async def ListLeases(self, request: pb.RunRef, context) -> pb.ListLeasesResponse:
+        return pb.ListLeasesResponse(leases=await self.queue.list_leases(check_run(request.run_id)))
+
+    @rpc
+    async def ListWorkers(self, request: pb.RunRef, context) -> pb.ListWorkersResponse:
+        return pb.ListWorkersResponse(workers=await self.queue.list_workers(check_run(request.run_id)))
+
+    @rpc
+    async def ListAdapters(self, request: pb.RunRef, context) -> pb.ListAdaptersResponse:
+        return pb.ListAdaptersResponse(adapters=await self.queue.list_adapters(check_run(request.run_id)))
+
+    @rpc
+    async def GetMetrics(self, request: pb.GetMetricsRequest, context) -> pb.GetMetricsResponse:
+        return pb.GetMetricsResponse(steps=await self.queue.metrics(check_run(request.run_id), request.last))
+
+    @rpc
+    async def ListDeadLetters(self, request: pb.RunRef, context) -> pb.ListDeadLettersResponse:
+        return pb.ListDeadLettersResponse(dead_letters=await self.queue.dead_letters(check_run(request.run_id)))
+
+
+# ---------------------------------------------------------------- server lifecycle
+
+async def open_bucket_or_none(url: str) -> Any:
+    """The bucket for run.pb and prompts, or None (no URL, or the bucket library unavailable)."""
+    if not url:
+        return None
+    try:
+        from brigade.bucket import open_bucket  # type: ignore[attr-defined]
+    except ImportError:
+        log.warning("bucket library unavailable; run specs are kept in Redis only", bucket=url)
+        return None
+    bucket = open_bucket(url)
+    if inspect.isawaitable(bucket):
+        bucket = await bucket
+    return bucket
+
+
+@dataclass
+class ProxyServer:
+    server: grpc.aio.Server
+    port: int
+    proxy: Proxy
+    health: Any
+    _monitor: asyncio.Task | None = None
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    async def stop(self, grace: float | None = 1.0) -> None:
+        if self._monitor is not None:
+            self._monitor.cancel()
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)
+        await self.proxy.close()
+
+
+async def _watch_redis(queue: Queue, health: Any, period: float = 2.0) -> None:
+    """Health follows Redis: NOT_SERVING while it cannot be reached."""
+    serving = True
+    while True:
+        await asyncio.sleep(period)
+        try:
+            ok = await asyncio.wait_for(queue.ping(), timeout=period)
+        except Exception:  # noqa: BLE001
+            ok = False
+        if ok != serving:
+            serving = ok
+            status = health_pb2.HealthCheckResponse.SERVING if ok else health_pb2.HealthCheckResponse.NOT_SERVING
+            for name in ("", *SERVICE_NAMES):
+                await health.set(name, status)
+            (log.info if ok else log.error)("redis reachable" if ok else "redis unreachable", redis=queue.redis_url)
+
+
+async def start_server(
+    redis_url: str,
+    listen: str = "127.0.0.1:0",
+    *,
+    bucket_url: str = "",
+    bucket: Any = None,
+    token: str = "",
+    tls_cert: str = "",
+    tls_key: str = "",
+    monitor_redis: bool = True,
+) -> ProxyServer:
+    """Build and start a proxy on `listen` (port 0 = any free port). Returns once it accepts calls."""
+    queue = Queue(redis_url)
+    owns_bucket = bucket is None
+    if bucket is None and bucket_url:
+        bucket = await open_bucket_or_none(bucket_url)
+    proxy = Proxy(queue, bucket, bucket_url, owns_bucket=owns_bucket)
+    interceptors = [BearerAuthInterceptor(token)] if token else []
+    server = grpc.aio.server(interceptors=interceptors, options=[*CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)])
+    add_servicer(server, "LeaseService", LeaseServicer(proxy))
+    add_servicer(server, "LearnerService", LearnerServicer(proxy))
+    add_servicer(server, "RunService", RunServicer(proxy))
+    health = health_aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    for name in SERVICE_NAMES:
+        await health.set(name, health_pb2.HealthCheckResponse.SERVING)
+    reflection.enable_server_reflection(
+        (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server)
+    if bool(tls_cert) != bool(tls_key):
+        raise ValueError("TLS needs both a certificate (--tls-cert) and a key (--tls-key)")
+    if tls_cert:
+        port = server.add_secure_port(listen, server_credentials(tls_cert, tls_key))
+    else:
+        port = server.add_insecure_port(listen)
+    if not port:
+        raise RuntimeError(f"cannot listen on {listen}")
+    await server.start()
+    monitor = asyncio.create_task(_watch_redis(queue, health)) if monitor_redis else None
+    return ProxyServer(server, port, proxy, health, monitor)
+
+
+async def serve(
+    listen: str,
+    redis_url: str,
+    *,
+    bucket_url: str = "",
+    token: str = "",
+    tls_cert: str = "",
+    tls_key: str = "",
+    grace: float = 5.0,
+) -> None:
+    """Run a proxy until SIGTERM or SIGINT, then drain in-flight calls for up to `grace` seconds."""
+    started = time.monotonic()
+    running = await start_server(redis_url, listen, bucket_url=bucket_url, token=token,
+                                 tls_cert=tls_cert, tls_key=tls_key)
+    try:
+        await running.proxy.queue.ping()
+        redis_ok = True
+    except Exception as e:  # noqa: BLE001
+        redis_ok = False
+        log.error("redis unreachable at start; calls answer UNAVAILABLE until it is back", redis=redis_url,
+                  error=str(e))
+    log.info("proxy listening", listen=listen, port=running.port, redis=redis_url, redis_ok=redis_ok,
+             bucket=bucket_url or None, auth=bool(token), tls=bool(tls_cert),
+             startup_ms=round((time.monotonic() - started) * 1000))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("proxy stopping", grace_s=grace)
+    await running.stop(grace)
+    log.info("proxy stopped")
