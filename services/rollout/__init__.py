@@ -1,0 +1,1 @@
+"""brigade_rollout: the rollout worker (`brigade rollout`)."""

@@ -1,0 +1,185 @@
+"""Reward functions: the built-ins, and containment of functions that raise, hang or return NaN,
+in process and sandboxed as rq jobs (a real Redis, a real rq worker subprocess)."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from brigade import rewards
+from brigade.rewards import RewardSet, RqSandbox, Scores, clean, math_reward
+
+# ---------------------------------------------------------------- functions used by reference below
+
+
+def good(prompts, completions, completion_ids=None, **columns):
+    return [float(len(c)) for c in completions]
+
+
+def boom(prompts, completions, completion_ids=None, **columns):
+    raise RuntimeError("reward exploded")
+
+
+def nan_and_inf(prompts, completions, completion_ids=None, **columns):
+    return [math.nan, math.inf, 1.0, None][: len(completions)]
+
+
+def hang(prompts, completions, completion_ids=None, **columns):
+    time.sleep(60)
+    return [1.0] * len(completions)
+
+
+def short(prompts, completions, completion_ids=None, **columns):
+    return [1.0]
+
+
+def needs_ids(prompts, completions, completion_ids=None, **columns):
+    return [float(len(ids)) + float(a) for ids, a in zip(completion_ids, columns["answer"], strict=True)]
+
+
+def spec(function, weight=1.0, sandboxed=False, timeout_s=5.0):
+    return SimpleNamespace(function=function, weight=weight, sandboxed=sandboxed, timeout_s=timeout_s)
+
+
+PROMPTS = ["a", "b", "c", "d"]
+COMPLETIONS = ["x", "yy", "zzz", "wwww"]
+IDS = [[1], [1, 2], [1, 2, 3], [1, 2, 3, 4]]
+COLUMNS = {"answer": ["1", "2", "3", "4"]}
+
+# ---------------------------------------------------------------- built-ins
+
+
+@pytest.mark.parametrize(
+    "completion, answer, expected",
+    [
+        ("so the answer is 42", "42", 1.0),
+        ("The total is 1,000.", "1000", 1.0),
+        ("= 1000.0", "1,000", 1.0),
+        ("we get \\boxed{\\frac{1}{2}} here", "0.5", 1.0),
+        ("\\boxed{$12$} and then 13", "12", 1.0),
+        ("first 3 then 7", "7", 1.0),
+        ("first 3 then 7", "3", 0.0),
+        ("no number at all", "3", 0.0),
+        ("x = -2.50", "-2.5", 1.0),
+        ("\\boxed{x^{2}+1}", "x^{2} + 1", 1.0),
+        ("it is 50%", "50", 1.0),
+        ("answer: 3/4", "0.75", 1.0),
+        ("anything", "", None),
+    ],
+)
+def test_math_reward(completion, answer, expected):
+    assert math_reward(["q"], [completion], None, answer=[answer]) == [expected]
+
+
+def test_math_reward_without_answer_column_is_unscored():
+    assert math_reward(["q", "q"], ["1", "2"]) == [None, None]
+
+
+def test_demo_sum_builtin():
+    fn = rewards.resolve("demo_sum")
+    assert fn(prompts=["3+5=", "3+5="], completions=["8", "9"], completion_ids=None, answer=["8", "8"]) == [1.0, 0.0]
+
+
+def test_resolve_errors():
+    with pytest.raises(ValueError, match="built-in"):
+        rewards.resolve("no_such_reward")
+    with pytest.raises(ValueError, match="cannot be imported"):
+        rewards.resolve("brigade.nothing_here:fn")
+    assert rewards.resolve("test_rewards:good") is good
+
+
+def test_clean():
+    assert clean([1, "2", None, math.nan, -math.inf, "x"], 6) == [1.0, 2.0, None, None, None, None]
+    with pytest.raises(ValueError, match="expected a list of 3"):
+        clean([1.0], 3)
+    with pytest.raises(ValueError, match="got float"):
+        clean(1.0, 1)
+
+
+def test_code_exec_reward(monkeypatch):
+    monkeypatch.setattr(rewards, "CODE_WALL_S", 2.0)
+    programs = [
+        "```python\nprint(sum(range(5)))\n```",          # right
+        "print(11)",                                     # wrong output
+        "import sys; print(10); sys.exit(3)",            # right output, non-zero exit
+        "while True: pass",                              # CPU limit / timeout
+        "x = bytearray(2 << 30)\nprint(10)",             # over the memory limit
+    ]
+    t0 = time.monotonic()
+    out = rewards.code_exec_reward(["p"] * 5, programs, None, answer=["10"] * 5)
+    assert out == [1.0, 0.0, 0.0, 0.0, 0.0]
+    assert time.monotonic() - t0 < 10
+    assert rewards.code_exec_reward(["p"], ["print(1)"], None, answer=[None]) == [None]
+
+
+def test_run_python_timeout_kills_sleeper():
+    code, out = rewards.run_python("import time; print('a', flush=True); time.sleep(30)", timeout_s=0.5)
+    assert code is None and out == ""
+
+
+# ---------------------------------------------------------------- combining and containment
+
+
+def test_scores_total_is_weighted_and_none_propagates():
+    s = Scores(["a", "b"], [[1.0, None, 2.0], [0.5, 1.0, None]], [2.0, -1.0])
+    assert s.total == [1.5, None, None]
+
+
+async def test_in_process_containment():
+    rs = RewardSet.from_specs([spec("test_rewards:good", 0.5), spec("test_rewards:nan_and_inf")])
+    s = await rs.score(PROMPTS, COMPLETIONS, IDS, COLUMNS)
+    assert s.parts[0] == [1.0, 2.0, 3.0, 4.0]
+    assert s.parts[1] == [None, None, 1.0, None]
+    assert s.total == [None, None, 2.5, None]
+
+    rs = RewardSet.from_specs([spec("test_rewards:good"), spec("test_rewards:boom"), spec("test_rewards:short"),
+                               spec("test_rewards:hang", timeout_s=0.3), spec("test_rewards:needs_ids")])
+    t0 = time.monotonic()
+    s = await rs.score(PROMPTS, COMPLETIONS, IDS, COLUMNS)
+    assert time.monotonic() - t0 < 5
+    assert s.parts[0] == [1.0, 2.0, 3.0, 4.0]
+    assert s.parts[1] == s.parts[2] == s.parts[3] == [None] * 4   # raised, wrong length, hung
+    assert s.parts[4] == [2.0, 4.0, 6.0, 8.0]                     # completion_ids and columns reach it
+    assert s.total == [None] * 4
+
+
+def test_sandboxed_needs_a_queue():
+    with pytest.raises(ValueError, match="Redis URL"):
+        RewardSet.from_specs([spec("test_rewards:good", sandboxed=True)])
+
+
+def test_unknown_in_process_function_fails_at_start():
+    with pytest.raises(ValueError, match="cannot be imported"):
+        RewardSet.from_specs([spec("test_rewards:missing")])
+
+
+async def test_sandboxed_rewards_are_contained(redis_url, monkeypatch):
+    # the rq worker subprocess imports this module by name, like any user reward package
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
+    sandbox = RqSandbox(redis_url, "brigade:test-sandbox:rewards", start_worker=True)
+    rs = RewardSet.from_specs([
+        spec("test_rewards:good", sandboxed=True),
+        spec("test_rewards:boom", sandboxed=True),
+        spec("test_rewards:hang", sandboxed=True, timeout_s=1.0),
+        spec("test_rewards:nan_and_inf", sandboxed=True),
+        spec("code_exec", sandboxed=True, timeout_s=20),
+    ], sandbox)
+    try:
+        t0 = time.monotonic()
+        s = await rs.score(PROMPTS, ["print(1)", "print(2)", "print(4)", "while True: pass"], IDS, COLUMNS)
+        assert time.monotonic() - t0 < 45  # the 60 s hang was cut off at its 1 s timeout
+        assert s.parts[0] == [8.0, 8.0, 8.0, 16.0]
+        assert s.parts[1] == s.parts[2] == [None] * 4
+        assert s.parts[3] == [None, None, 1.0, None]
+        assert s.parts[4] == [1.0, 1.0, 0.0, 0.0]
+        # the rq worker survived its hung job and still serves
+        again = await rs.score(PROMPTS[:1], ["print(1)"], IDS[:1], {"answer": ["1"]})
+        assert again.parts[0] == [8.0] and again.parts[4] == [1.0]
+    finally:
+        await rs.close()
+    assert sandbox.worker.poll() is not None
