@@ -34,7 +34,7 @@ async def _evaluate(run: str, version: int, bucket_url: str, redis_url: str) -> 
     from brigade import adapters
     from brigade.bucket import AlreadyExists, open_bucket
     from brigade.datasets import load_prompts
-    from brigade.rewards import RewardSet
+    from brigade.rewards import RewardSet, RqSandbox, reward_queue
     from brigade.v1 import brigade_pb2 as pb
 
     started = time.monotonic()
@@ -62,7 +62,11 @@ async def _evaluate(run: str, version: int, bucket_url: str, redis_url: str) -> 
             columns: dict[str, list] = {}
             for name in {c for p in prompts for c in p.columns}:
                 columns[name] = [prompts[s.group].columns.get(name, "") for s in samples]
-            rewards = RewardSet.from_specs(spec.rewards)
+            # sandboxed rewards run as rq jobs on the run's reward queue, served by our own rq worker
+            sandbox = None
+            if any(r.sandboxed for r in spec.rewards):
+                sandbox = RqSandbox(redis_url, reward_queue(run), start_worker=True)
+            rewards = RewardSet.from_specs(spec.rewards, sandbox)
             scores = await rewards.score([prompts[s.group].text for s in samples], texts,
                                          [s.completion_ids for s in samples], columns)
             await rewards.close()
