@@ -114,7 +114,7 @@ async def write_version(
     allowed (the version is re-derived from a checkpoint); different bytes under a version are not."""
     prefix = keys.adapter_prefix(run, version)
     manifest = pb.AdapterManifest(
-        run_id=run, version=version, step=step, uri=bucket.url(prefix), payload=payload,
+        run_id=run, version=version, step=step, uri=bucket.url(prefix.rstrip("/")) + "/", payload=payload,
         created_ms=int(time.time() * 1000), quantization_error=quant_error,
     )
     for name in sorted(files):

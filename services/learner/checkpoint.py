@@ -1,0 +1,276 @@
+"""Learner checkpoints in the bucket: everything needed to continue exactly where a step ended.
+
+    runs/{run}/checkpoints/step-{step:08d}/
+        adapter.safetensors      LoRA weights, full precision (the published payload is derived from it)
+        optimizer.safetensors    AdamW state tensors, keyed "{param name}:{state key}"
+        rng.safetensors          torch (CPU and CUDA) and numpy generator states
+        adapter_config.json      the exact PEFT config bytes published with this state
+        state.json               step, version, consumed batch ids, the pending ack, scheduler,
+                                 optimizer param groups, python RNG, metrics
+        manifest.json            sha256 and size of every file above; written LAST
+
+A checkpoint is complete only once manifest.json exists and every file matches it; a crash in the
+middle leaves an incomplete folder that readers ignore (and the next save of that step replaces).
+Tensors go to safetensors and everything else to JSON: nothing is pickled, so loading a checkpoint
+can never run code.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import structlog
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from brigade import adapters, keys
+from brigade.bucket import AlreadyExists, Bucket, CorruptObject, NotFound, sha256_hex
+from brigade_learner.trainer import Trainer
+
+log = structlog.get_logger()
+
+FORMAT = "brigade-checkpoint-1"
+MANIFEST = "manifest.json"
+ADAPTER = "adapter.safetensors"
+OPTIMIZER = "optimizer.safetensors"
+RNG = "rng.safetensors"
+CONFIG = "adapter_config.json"
+STATE = "state.json"
+STEP_DIR = re.compile(r"step-(\d{8})/")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that does not match this learner (another model, LoRA shape or run)."""
+
+
+@dataclass
+class LearnerState:
+    """What the service loop knows beyond the trainer's tensors."""
+
+    step: int = 0                 # optimizer steps taken
+    version: int = 0              # adapter version of this state: the one published at `step`,
+    #                               or the last one published before it when this step was not
+    published: bool = False       # whether `step` publishes `version` (the tail to redo on resume)
+    consumed: set[str] = field(default_factory=set)    # every batch id trained on so far
+    # the AckRollouts this checkpoint covers, replayed on resume (idempotent at the proxy)
+    ack: dict[str, list[str]] = field(default_factory=lambda: {"delivery_ids": [], "consumed": [], "rejected": []})
+    metrics: list[dict[str, Any]] = field(default_factory=list)  # per step since the last checkpoint
+
+
+# ---------------------------------------------------------------- encode / decode (no IO)
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, torch.Tensor):
+        return value.item()
+    return value
+
+
+def encode(trainer: Trainer, state: LearnerState) -> dict[str, bytes]:
+    """The files of a checkpoint of `trainer` + `state`."""
+    model, opt = trainer.model, trainer.optimizer
+    adapter = {k: v.detach().cpu().contiguous() for k, v in adapters.adapter_state(model).items()}
+
+    # optimizer: tensors by parameter NAME (robust to parameter order), groups and scalars in JSON
+    names = {id(p): n for n, p in model.named_parameters()}
+    opt_state = opt.state_dict()
+    index = [names[id(p)] for group in opt.param_groups for p in group["params"]]
+    tensors: dict[str, torch.Tensor] = {}
+    scalars: dict[str, dict[str, Any]] = {}
+    for i, entry in opt_state["state"].items():
+        for key, value in entry.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"{index[i]}:{key}"] = value.detach().cpu().contiguous()
+            else:
+                scalars.setdefault(index[i], {})[key] = _jsonable(value)
+    groups = []
+    for group in opt_state["param_groups"]:
+        g = {k: _jsonable(v) for k, v in group.items() if k != "params"}
+        g["params"] = [index[i] for i in group["params"]]
+        groups.append(g)
+
+    rng = {"torch_cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        for d, s in enumerate(torch.cuda.get_rng_state_all()):
+            rng[f"torch_cuda_{d}"] = s
+    np_kind, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    rng["numpy_keys"] = torch.from_numpy(np.asarray(np_keys, dtype=np.int64))
+    py_version, py_internal, py_gauss = random.getstate()
+
+    # LambdaLR keeps lr_lambdas = [None] for plain functions: the schedule itself is rebuilt from the spec
+    scheduler = {k: _jsonable(v) for k, v in trainer.scheduler.state_dict().items()}
+    doc = {
+        "format": FORMAT,
+        "run_id": trainer.spec.run_id,
+        "step": state.step,
+        "version": state.version,
+        "published": state.published,
+        "consumed": sorted(state.consumed),
+        "ack": state.ack,
+        "metrics": state.metrics,
+        "scheduler": scheduler,
+        "optimizer": {"param_groups": groups, "scalars": scalars, "state_params": sorted({index[i] for i in opt_state["state"]})},
+        "rng": {"python": [py_version, list(py_internal), py_gauss],
+                "numpy": [np_kind, int(np_pos), int(np_has_gauss), float(np_gauss)]},
+        "created_ms": int(time.time() * 1000),
+    }
+    return {
+        ADAPTER: st_save(adapter, metadata={"format": FORMAT}),
+        OPTIMIZER: st_save(tensors, metadata={"format": FORMAT}),
+        RNG: st_save(rng, metadata={"format": FORMAT}),
+        CONFIG: trainer.adapter_config_json(),
+        STATE: json.dumps(doc, indent=1, sort_keys=True).encode(),
+    }
+
+
+def decode(trainer: Trainer, files: dict[str, bytes]) -> LearnerState:
+    """Restore `trainer` in place from checkpoint files and return the loop state."""
+    doc = json.loads(files[STATE])
+    if doc.get("format") != FORMAT:
+        raise CheckpointError(f"not a brigade checkpoint (format {doc.get('format')!r})")
+    if doc.get("run_id") != trainer.spec.run_id:
+        raise CheckpointError(f"checkpoint of run {doc.get('run_id')!r}, this learner trains {trainer.spec.run_id!r}")
+    model, opt = trainer.model, trainer.optimizer
+    try:
+        adapters.apply(model, st_load(files[ADAPTER]))
+    except adapters.InvalidAdapter as e:
+        raise CheckpointError(f"checkpoint adapter does not fit this model: {e}") from e
+
+    params = dict(model.named_parameters())
+    index = [n for n, p in model.named_parameters() if p.requires_grad]
+    position = {n: i for i, n in enumerate(index)}
+    saved = doc["optimizer"]
+    tensors = st_load(files[OPTIMIZER])
+    state: dict[int, dict[str, Any]] = {}
+    for name in saved["state_params"]:
+        if name not in position:
+            raise CheckpointError(f"optimizer state for {name!r}, which is not a trainable parameter here")
+        entry = {key: value for key, value in saved["scalars"].get(name, {}).items()}
+        prefix = name + ":"
+        for key, value in tensors.items():
+            if key.startswith(prefix):
+                entry[key[len(prefix):]] = value.to(params[name].device)
+        state[position[name]] = entry
+    groups = []
+    for group in saved["param_groups"]:
+        g = dict(group)
+        if "betas" in g:
+            g["betas"] = tuple(g["betas"])
+        missing = [n for n in g["params"] if n not in position]
+        if missing:
+            raise CheckpointError(f"optimizer groups name parameters this model lacks: {missing[:3]}")
+        g["params"] = [position[n] for n in g["params"]]
+        groups.append(g)
+    if sorted(i for g in groups for i in g["params"]) != list(range(len(index))):
+        raise CheckpointError("optimizer groups do not cover this model's trainable parameters")
+    opt.load_state_dict({"state": state, "param_groups": groups})
+    trainer.scheduler.load_state_dict(doc["scheduler"])
+
+    rng = st_load(files[RNG])
+    torch.set_rng_state(rng["torch_cpu"])
+    if torch.cuda.is_available():
+        states = [rng[k] for k in sorted(rng) if k.startswith("torch_cuda_")]
+        if len(states) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(states)
+    kind, pos, has_gauss, gauss = doc["rng"]["numpy"]
+    np.random.set_state((kind, rng["numpy_keys"].numpy().astype(np.uint32), pos, has_gauss, gauss))
+    py_version, py_internal, py_gauss = doc["rng"]["python"]
+    random.setstate((py_version, tuple(py_internal), py_gauss))
+
+    return LearnerState(
+        step=doc["step"], version=doc["version"], published=doc["published"], consumed=set(doc["consumed"]),
+        ack=doc["ack"], metrics=doc["metrics"],
+    )
+
+
+# ---------------------------------------------------------------- bucket
+
+def prefix(run: str) -> str:
+    return keys.run_prefix(run) + "checkpoints/"
+
+
+async def save(bucket: Bucket, run: str, step: int, files: dict[str, bytes]) -> dict[str, Any]:
+    """Write the files, then the manifest. Files of an earlier, incomplete attempt at the same step
+    are replaced (plain puts: without a manifest they are not a checkpoint); a complete checkpoint
+    is never touched: saving identical files again (a replayed step) is a no-op, different ones fail."""
+    folder = keys.checkpoint_prefix(run, step)
+    listing = {name: {"sha256": sha256_hex(data), "size": len(data)} for name, data in files.items()}
+    manifest = {"format": FORMAT, "run_id": run, "step": step, "files": listing}
+    if await _same_as_existing(bucket, folder, listing):
+        return manifest
+    for name in sorted(files):
+        await bucket.put(folder + name, files[name])
+    try:
+        await bucket.put_new(folder + MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
+    except AlreadyExists:
+        if not await _same_as_existing(bucket, folder, listing):
+            raise
+    return manifest
+
+
+async def _same_as_existing(bucket: Bucket, folder: str, listing: dict[str, Any]) -> bool:
+    """False when there is no manifest; True when it lists exactly these files; else an error."""
+    try:
+        existing = json.loads(await bucket.get(folder + MANIFEST))
+    except NotFound:
+        return False
+    if existing.get("files") != listing:
+        raise CheckpointError(f"a different complete checkpoint already exists at {folder}; "
+                              "checkpoints are never overwritten")
+    return True
+
+
+async def steps(bucket: Bucket, run: str) -> list[int]:
+    """Every step with any checkpoint file (complete or not), ascending."""
+    found = set()
+    for key in await bucket.list(prefix(run)):
+        m = STEP_DIR.match(key[len(prefix(run)):])
+        if m:
+            found.add(int(m.group(1)))
+    return sorted(found)
+
+
+async def load_files(bucket: Bucket, run: str, step: int) -> dict[str, bytes] | None:
+    """The files of a complete checkpoint, each verified against the manifest; None when the
+    manifest is missing (a save that never finished) or the folder is damaged."""
+    folder = keys.checkpoint_prefix(run, step)
+    try:
+        manifest = json.loads(await bucket.get(folder + MANIFEST))
+    except NotFound:
+        return None
+    except ValueError as e:
+        log.warning("checkpoint_damaged", step=step, error=f"manifest is not JSON: {e}")
+        return None
+    try:
+        if manifest.get("format") != FORMAT or manifest.get("step") != step:
+            raise ValueError(f"manifest says format {manifest.get('format')!r} step {manifest.get('step')!r}")
+        files = {}
+        for name, info in manifest["files"].items():
+            if "/" in name or name.startswith("."):
+                raise ValueError(f"manifest names a file outside its folder: {name!r}")
+            files[name] = await bucket.get(folder + name, sha256=info["sha256"])
+        missing = {ADAPTER, OPTIMIZER, RNG, CONFIG, STATE} - set(files)
+        if missing:
+            raise ValueError(f"manifest lacks {sorted(missing)}")
+        return files
+    except (NotFound, CorruptObject, ValueError, KeyError, TypeError, AttributeError) as e:
+        log.warning("checkpoint_damaged", step=step, error=str(e)[:300])
+        return None
+
+
+async def latest(bucket: Bucket, run: str) -> tuple[int, dict[str, bytes]] | None:
+    """The newest complete checkpoint; incomplete or damaged ones are skipped."""
+    for step in reversed(await steps(bucket, run)):
+        files = await load_files(bucket, run, step)
+        if files is not None:
+            return step, files
+        log.info("checkpoint_skipped", step=step, reason="incomplete or damaged")
+    return None

@@ -1,0 +1,354 @@
+"""The learner service: pull manifests, fetch rollouts, train, checkpoint, publish, ack. Repeat.
+
+Per step, in this order, so that a SIGKILL at any point loses nothing and trains nothing twice:
+
+    take rollouts (prefetched)  ->  train  ->  checkpoint  ->  write adapter v+1  ->  PublishAdapter
+                                                                                  ->  AckRollouts
+
+Until the ack, the proxy still holds the step's manifests as pending for this learner, and the
+checkpoint (written first) lists their batch ids as consumed. A restart resumes from the newest
+complete checkpoint, replays its idempotent tail (the same adapter bytes, the same publish, the same
+ack), then pulls again with include_pending and skips whatever the checkpoint already consumed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import grpc
+import structlog
+
+from brigade import adapters, keys
+from brigade.bucket import AlreadyExists, Bucket, open_bucket
+from brigade.config import build_spec, spec_to_dict
+from brigade.rpc import ProxyClient, describe_rpc_error
+from brigade.v1 import brigade_pb2 as pb
+from brigade_learner import checkpoint
+from brigade_learner.checkpoint import LearnerState
+from brigade_learner.ingest import Prefetcher, StepData, manifest_dollars
+from brigade_learner.trainer import Trainer
+
+log = structlog.get_logger()
+T = TypeVar("T")
+
+# Fault injection for the crash tests: BRIGADE_LEARNER_DIE_AT="<phase>@<step>" makes the process
+# SIGKILL itself at that point of that step (phases in the order they happen below).
+DIE_PHASES = ("before_train", "after_train", "mid_checkpoint", "after_checkpoint", "after_adapter",
+              "after_publish", "after_ack")
+RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+def _maybe_die(phase: str, step: int) -> None:
+    if os.environ.get("BRIGADE_LEARNER_DIE_AT") == f"{phase}@{step}":
+        log.warning("fault_injection_kill", phase=phase, step=step)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+async def retry_unavailable(what: str, fn: Callable[[], Awaitable[T]], target: str) -> T:
+    """A proxy restart or a network blip must not kill the learner: wait and call again."""
+    delay = 0.2
+    while True:
+        try:
+            return await fn()
+        except grpc.aio.AioRpcError as e:
+            if e.code() not in RETRYABLE:
+                raise
+            log.warning("proxy_unreachable", call=what, error=describe_rpc_error(e, target), retry_s=delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
+@dataclass
+class LearnerConfig:
+    proxy: str
+    bucket: str
+    run: str
+    token: str = ""
+    tls_ca: str = ""
+    spec_path: str = ""
+    learner_id: str = "learner"
+    price_per_hour: float = 0.0
+    max_steps: int | None = None   # None: the run spec's
+    pull_wait_ms: int = 2000
+
+
+class Learner:
+    def __init__(self, cfg: LearnerConfig, spec: pb.RunSpec, bucket: Bucket, client: ProxyClient, trainer: Trainer):
+        self.cfg, self.spec, self.bucket, self.client, self.trainer = cfg, spec, bucket, client, trainer
+        self.run_id = spec.run_id
+        self.max_steps = trainer.max_steps
+        self.state = LearnerState()
+        self.durable_step = 0            # the newest step covered by a complete checkpoint
+        self.config_json = trainer.adapter_config_json()
+        self._published_files: tuple[dict[str, bytes], float] | None = None
+        self._proximal: dict[int, dict] = {}  # decoded adapter versions, for recompute_logprobs
+        self.prefetch = Prefetcher(self._pull, self._ack_now, bucket, self.run_id, trainer.vocab_size,
+                                   want=spec.batches_per_step, consumed=self.state.consumed,
+                                   max_staleness=spec.staleness.max_staleness)
+
+    # ------------------------------------------------------------ proxy calls (retried while unreachable)
+
+    async def _call(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
+        return await retry_unavailable(what, fn, self.cfg.proxy)
+
+    async def _pull(self, n: int, include_pending: bool) -> list[pb.PulledRollout]:
+        req = pb.PullRolloutsRequest(run_id=self.run_id, max_manifests=n, wait_ms=self.cfg.pull_wait_ms,
+                                     include_pending=include_pending, learner_id=self.cfg.learner_id)
+        timeout = self.cfg.pull_wait_ms / 1000 + 30
+        resp = await self._call("PullRollouts", lambda: self.client.learner.PullRollouts(req, timeout=timeout))
+        return list(resp.rollouts)
+
+    async def _ack(self, delivery_ids: list[str], consumed: list[str], rejected: list[str], step: int,
+                   metrics_json: str = "") -> None:
+        req = pb.AckRolloutsRequest(run_id=self.run_id, delivery_ids=delivery_ids, consumed_batch_ids=consumed,
+                                    rejected_batch_ids=rejected, step=step, learner_id=self.cfg.learner_id,
+                                    metrics_json=metrics_json)
+        await self._call("AckRollouts", lambda: self.client.learner.AckRollouts(req, timeout=30))
+
+    async def _ack_now(self, delivery_ids: list[str], rejected: list[str]) -> None:
+        """Rejections and duplicates are final: ack them at once (not with the next step), or they
+        would count as outstanding work at the proxy and could hold admission shut."""
+        try:
+            await self._ack(delivery_ids, [], rejected, self.durable_step)
+        except grpc.aio.AioRpcError as e:
+            if e.code() != grpc.StatusCode.INVALID_ARGUMENT or not rejected:
+                raise
+            # a batch id the proxy does not know (a forged manifest): take the delivery off the stream
+            log.warning("reject_ack_refused", batch_ids=rejected, error=e.details())
+            await self._ack(delivery_ids, [], [], self.durable_step)
+
+    async def _publish(self, manifest: pb.AdapterManifest) -> int:
+        req = pb.PublishAdapterRequest(run_id=self.run_id, manifest=manifest)
+        resp = await self._call("PublishAdapter", lambda: self.client.learner.PublishAdapter(req, timeout=30))
+        return resp.latest_version
+
+    async def _latest_version(self) -> int:
+        state = await self._call("GetRun", lambda: self.client.runs.GetRun(pb.RunRef(run_id=self.run_id), timeout=30))
+        return state.latest_version
+
+    # ------------------------------------------------------------ start
+
+    async def resume(self) -> None:
+        """Continue from the newest complete checkpoint, or start at step 0 with adapter v0."""
+        proxy_latest = await self._latest_version()
+        found = await checkpoint.latest(self.bucket, self.run_id)
+        if found is None:
+            self.state = LearnerState()
+            if proxy_latest > 0:
+                log.warning("no_checkpoint_but_versions_published", latest=proxy_latest,
+                            note="training restarts from v0 weights; version numbers continue after the latest")
+        else:
+            step, files = found
+            self.state = await asyncio.to_thread(checkpoint.decode, self.trainer, files)
+            self.config_json = files[checkpoint.CONFIG]
+            self.durable_step = step
+            log.info("resumed", step=step, version=self.state.version, published=self.state.published,
+                     consumed=len(self.state.consumed))
+            await self._replay_tail()
+        # never reuse a version number: continue after whatever is newest anywhere
+        self.state.version = max(self.state.version, proxy_latest)
+        self.prefetch.consumed = self.state.consumed
+
+    async def _replay_tail(self) -> None:
+        """Redo what the checkpointed step may not have finished: every part is idempotent."""
+        s = self.state
+        if s.published:
+            files, quant_error = self.trainer.adapter_files(self.spec.adapter_payload, self.config_json)
+            manifest = await adapters.write_version(self.bucket, self.run_id, s.version, s.step, files,
+                                                    self.spec.adapter_payload, quant_error)
+            await self._publish(manifest)
+        await self._write_metrics(s.metrics)
+        last = json.dumps(s.metrics[-1]) if s.metrics else ""
+        await self._ack(s.ack["delivery_ids"], s.ack["consumed"], s.ack["rejected"], s.step, last)
+        s.ack = {"delivery_ids": [], "consumed": [], "rejected": []}
+        s.metrics = []
+
+    # ------------------------------------------------------------ the loop
+
+    def finished(self) -> bool:
+        return self.max_steps > 0 and self.state.step >= self.max_steps
+
+    async def run(self) -> None:
+        await self.resume()
+        if self.finished():
+            log.info("finished", step=self.state.step, max_steps=self.max_steps)
+            return
+        self.prefetch.start()
+        try:
+            cycle_start = time.monotonic()
+            while not self.finished():
+                cycle_start = await self.step(cycle_start)
+        finally:
+            await self.prefetch.stop()
+        log.info("finished", step=self.state.step, version=self.state.version)
+
+    async def step(self, cycle_start: float) -> float:
+        """One step; returns when its training ended (the start of the next cycle)."""
+        s, spec = self.state, self.spec
+        data = await self.prefetch.take(s.version)
+        step = s.step + 1
+        _maybe_die("before_train", step)
+        rollouts = [a.rollout for a in data.accepted]
+        proximal = await self._proximal_adapters(rollouts) if spec.grpo.recompute_logprobs else None
+        train = await asyncio.to_thread(self.trainer.train_step, rollouts, proximal)
+        _maybe_die("after_train", step)
+        trained_at, version_used = time.monotonic(), s.version
+
+        ids = [a.batch_id for a in data.accepted]
+        s.step = step
+        s.consumed.update(ids)
+        s.ack["delivery_ids"] += [a.delivery_id for a in data.accepted]
+        s.ack["consumed"] += ids
+        final = step == self.max_steps
+        s.published = step % spec.publish_every == 0 or final
+        if s.published:
+            s.version += 1
+            self._published_files = self.trainer.adapter_files(spec.adapter_payload, self.config_json)
+        s.metrics.append(self._metrics(step, version_used, data, train, trained_at - cycle_start))
+        log.info("step", **{k: v for k, v in s.metrics[-1].items() if k in LOGGED})
+        if s.published or step % spec.checkpoint_every == 0 or final:
+            await self._commit(step)
+        return trained_at
+
+    async def _commit(self, step: int) -> None:
+        """checkpoint -> adapter version -> PublishAdapter -> metrics -> AckRollouts."""
+        s = self.state
+        files = await asyncio.to_thread(checkpoint.encode, self.trainer, s)
+        if os.environ.get("BRIGADE_LEARNER_DIE_AT") == f"mid_checkpoint@{step}":
+            await self.bucket.put(keys.checkpoint_prefix(self.run_id, step) + checkpoint.STATE, files[checkpoint.STATE])
+            _maybe_die("mid_checkpoint", step)
+        await checkpoint.save(self.bucket, self.run_id, step, files)
+        self.durable_step = step
+        _maybe_die("after_checkpoint", step)
+        if s.published:
+            payload, quant_error = self._published_files
+            manifest = await adapters.write_version(self.bucket, self.run_id, s.version, step, payload,
+                                                    self.spec.adapter_payload, quant_error)
+            _maybe_die("after_adapter", step)
+            await self._publish(manifest)
+            _maybe_die("after_publish", step)
+        await self._write_metrics(s.metrics)
+        await self._ack(s.ack["delivery_ids"], s.ack["consumed"], s.ack["rejected"], step, json.dumps(s.metrics[-1]))
+        _maybe_die("after_ack", step)
+        s.ack = {"delivery_ids": [], "consumed": [], "rejected": []}
+        s.metrics = []
+
+    async def _write_metrics(self, metrics: list[dict[str, Any]]) -> None:
+        for m in metrics:
+            try:
+                await self.bucket.put_new(keys.metrics_key(self.run_id, m["step"]), json.dumps(m, indent=1).encode())
+            except AlreadyExists:
+                pass  # written before a crash; the step it describes is the same checkpointed step
+
+    async def _proximal_adapters(self, rollouts) -> dict[int, dict]:
+        """The published tensors of each version that generated these rollouts (v0 is built in)."""
+        for v in sorted({r.policy_version for r in rollouts} - {0} - set(self._proximal)):
+            _, files = await adapters.read_version(self.bucket, self.run_id, v)
+            self._proximal[v] = adapters.decode(files)
+        oldest = self.state.version - self.spec.staleness.max_staleness
+        self._proximal = {v: t for v, t in self._proximal.items() if v >= oldest}
+        return self._proximal
+
+    # ------------------------------------------------------------ metrics
+
+    def _metrics(self, step: int, version: int, data: StepData, train: dict[str, float], cycle_s: float) -> dict:
+        accepted = data.accepted
+        samples = sum(a.rollout.num_samples for a in accepted)
+        n_rejected = sum(data.rejected.values())
+        rollout_dollars = sum(manifest_dollars(a.manifest) for a in accepted)
+        learner_dollars = cycle_s * self.cfg.price_per_hour / 3600.0
+        staleness_mean = sum(k * n for k, n in data.staleness.items()) / max(len(accepted), 1)
+        m: dict[str, Any] = {
+            "step": step, "version": self.state.version, "trained_at_version": version,
+            "reward_mean": train["reward_mean"], "reward_std": train["reward_std"],
+            "loss": train["loss"], "kl": train["kl"], "staleness_mean": staleness_mean,
+            "rejection_rate": n_rejected / max(n_rejected + len(accepted), 1),
+            "accepted_samples": samples, "accepted_batches": len(accepted), "rejected_batches": n_rejected,
+            "duplicates": data.duplicates,
+            **{k: v for k, v in train.items() if k not in ("reward_mean", "reward_std", "loss", "kl")},
+            **{f"rejected/{k}": v for k, v in sorted(data.rejected.items())},
+            **{f"dropped/{k}": v for k, v in sorted(data.dropped.items())},
+            **{f"staleness/{k}": v for k, v in sorted(data.staleness.items())},
+            "wait_s": data.wait_s, "wait_frac": data.wait_s / max(cycle_s, 1e-9), "step_s": cycle_s,
+            "rollout_dollars": rollout_dollars, "learner_dollars": learner_dollars,
+            "dollars_per_sample": (rollout_dollars + learner_dollars) / max(samples, 1),
+            "published": int(self.state.published), "time_unix": time.time(),
+        }
+        if self.state.published and self._published_files is not None:
+            files, quant_error = self._published_files
+            size = sum(len(v) for k, v in files.items() if k != adapters.CONFIG)
+            full = sum(t.numel() * 4 for t in adapters.adapter_state(self.trainer.model).values())
+            m.update({"adapter_payload": self.spec.adapter_payload, "adapter_bytes": size,
+                      "adapter_size_saved": 1.0 - size / max(full, 1), "quantization_error": quant_error})
+        return m
+
+
+LOGGED = ("step", "version", "reward_mean", "loss", "kl", "clip_low_frac", "clip_high_frac", "ratio_mean",
+          "staleness_mean", "rejection_rate", "accepted_samples", "wait_frac", "tokens_per_s", "step_s",
+          "dollars_per_sample", "grad_norm", "lr")
+
+
+# ---------------------------------------------------------------- wiring
+
+async def ensure_run(client: ProxyClient, target: str, run: str, spec_path: str) -> pb.RunSpec:
+    """The run's spec from the proxy; with a spec file, create the run first if it is missing."""
+    def get_run():
+        return client.runs.GetRun(pb.RunRef(run_id=run), timeout=30)
+
+    try:
+        return (await retry_unavailable("GetRun", get_run, target)).spec
+    except grpc.aio.AioRpcError as e:
+        if e.code() != grpc.StatusCode.NOT_FOUND or not spec_path:
+            raise
+    from brigade.datasets import load_prompts
+
+    spec = build_spec({"run_id": run}, path=spec_path)
+    prompts = load_prompts(spec.dataset)
+    req = pb.CreateRunRequest(spec=spec, prompts=prompts, exist_ok=True)
+    await retry_unavailable("CreateRun", lambda: client.runs.CreateRun(req, timeout=60), target)
+    log.info("run_created", run=run, dataset=spec.dataset, prompts=len(prompts))
+    return (await retry_unavailable("GetRun", get_run, target)).spec
+
+
+async def serve(cfg: LearnerConfig) -> None:
+    client = ProxyClient.connect(cfg.proxy, cfg.token, cfg.tls_ca)
+    bucket = open_bucket(cfg.bucket)
+    try:
+        await bucket.ensure()
+        spec = await ensure_run(client, cfg.proxy, cfg.run, cfg.spec_path)
+        if cfg.spec_path:
+            local = build_spec({"run_id": cfg.run}, path=cfg.spec_path)
+            if local != spec:
+                log.warning("spec_differs", note="the run already exists with another spec; training with the run's",
+                            run_spec=spec_to_dict(spec))
+        trainer = await asyncio.to_thread(Trainer.create, spec, cfg.max_steps)
+        log.info("model_ready", model=spec.model, dtype=spec.dtype, device=str(trainer.device),
+                 trainable=sum(p.numel() for p in trainer.model.parameters() if p.requires_grad))
+        # SIGTERM (an orchestrator, `brigade up`) stops at once: every point is crash-safe anyway
+        main, loop, signalled = asyncio.current_task(), asyncio.get_running_loop(), []
+
+        def stop(sig: signal.Signals) -> None:
+            signalled.append(sig.name)
+            main.cancel()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop, sig)
+        try:
+            await Learner(cfg, spec, bucket, client, trainer).run()
+        except asyncio.CancelledError:
+            if not signalled:
+                raise
+            log.info("stopped_by_signal", signal=signalled[0])
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+    finally:
+        await bucket.close()
+        await client.close()

@@ -1,0 +1,280 @@
+"""The learner's model, optimizer and schedule, and one GRPO step on a list of rollouts.
+
+`Trainer.train_step` reads top to bottom as the algorithm: advantages per group, (optionally) the
+proximal log-probs of the version that generated each rollout, then micro-batches of forward, loss
+and backward with gradient accumulation, then one clipped AdamW step on the LoRA parameters only.
+It is synchronous and does no IO: the service runs it in a thread while the next step's data
+downloads, and the benchmark calls exactly the same function.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import warnings
+from dataclasses import dataclass
+
+import torch
+from peft import PeftModel
+
+from brigade import adapters
+from brigade.model import attach_lora, completion_logprobs, load_base, pick_device
+from brigade.rollout_format import Rollout
+from brigade.v1 import brigade_pb2 as pb
+from brigade_learner.loss import aggregate, group_advantages, token_loss, truncated_is_weight
+
+ADAM_BETAS = (0.9, 0.999)
+ADAM_EPS = 1e-8
+
+
+def lr_factor(step: int, *, schedule: str, warmup_steps: int, max_steps: int) -> float:
+    """Multiplier of the base learning rate for optimizer step `step` (0-based).
+
+    Linear warmup that reaches the full rate at step warmup_steps - 1 (no wasted step at lr 0),
+    then constant, or linear / cosine decay to 0 at max_steps. With max_steps = 0 (run until
+    stopped) there is no horizon to decay over, so the rate stays constant after warmup.
+    """
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "constant" or max_steps <= 0:
+        return 1.0
+    progress = min(1.0, (step - warmup_steps) / max(1, max_steps - warmup_steps))
+    if schedule == "linear":
+        return 1.0 - progress
+    if schedule == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+    raise ValueError(f"lr_schedule {schedule!r} is not one of constant, linear, cosine")
+
+
+def micro_batches(rollouts: list[Rollout], token_budget: int) -> list[tuple[int, slice]]:
+    """(rollout index, rows) chunks of at most `token_budget` padded tokens (at least one row).
+
+    A chunk never mixes rollouts, so it keeps the exact padding the worker scored it with: the same
+    shapes give the same numerics, which is what makes an on-policy ratio exactly 1.
+    """
+    chunks = []
+    for i, r in enumerate(rollouts):
+        width = r.prompt_ids.shape[1] + r.completion_ids.shape[1]
+        rows = max(1, token_budget // width)
+        for start in range(0, r.num_samples, rows):
+            chunks.append((i, slice(start, min(start + rows, r.num_samples))))
+    return chunks
+
+
+def batch_advantages(rollouts: list[Rollout], scale: str) -> list[torch.Tensor]:
+    """Group-relative advantages over the step's samples; a group never spans two rollouts."""
+    rewards, groups, offset = [], [], 0
+    for r in rollouts:
+        _, inverse = torch.unique(r.group.long(), return_inverse=True)
+        groups.append(inverse + offset)
+        offset += int(inverse.max()) + 1
+        rewards.append(r.rewards.float())
+    adv = group_advantages(torch.cat(rewards), torch.cat(groups), scale)
+    return list(adv.split([r.num_samples for r in rollouts]))
+
+
+@dataclass
+class Trainer:
+    spec: pb.RunSpec
+    model: PeftModel
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    device: torch.device
+    max_steps: int
+    v0: dict[str, torch.Tensor]  # the seeded initial adapter: version 0, never published
+
+    @classmethod
+    def create(cls, spec: pb.RunSpec, max_steps: int | None = None, device: torch.device | None = None) -> Trainer:
+        device = device or pick_device(spec.device)
+        base, _ = load_base(spec, device)
+        model = attach_lora(base, spec)
+        # peft keeps adapter weights in float32 even on a bf16 base: the learner's own copy stays
+        # full precision; only the published payload is rounded.
+        params = [p for _, p in model.named_parameters() if p.requires_grad]
+        g = spec.grpo
+        optimizer = torch.optim.AdamW(params, lr=g.learning_rate, betas=ADAM_BETAS, eps=ADAM_EPS,
+                                      weight_decay=g.weight_decay)
+        max_steps = spec.max_steps if max_steps is None else max_steps
+        schedule = dict(schedule=g.lr_schedule, warmup_steps=g.warmup_steps, max_steps=max_steps)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, **schedule))
+        v0 = {k: v.clone() for k, v in adapters.adapter_state(model).items()}
+        return cls(spec, model, optimizer, scheduler, device, max_steps, v0)
+
+    # ------------------------------------------------------------ the step
+
+    def train_step(self, rollouts: list[Rollout],
+                   proximal: dict[int, dict[str, torch.Tensor]] | None = None) -> dict[str, float]:
+        """One optimizer step on `rollouts`. `proximal` maps each policy version among them to its
+        adapter tensors (as published), needed only with grpo.recompute_logprobs."""
+        g, temperature = self.spec.grpo, self.spec.sampling.temperature
+        t0 = time.perf_counter()
+
+        # 1. advantages, and the full batch's normalisers (so micro-batch losses add up exactly)
+        advantages = batch_advantages(rollouts, g.scale_rewards)
+        num_sequences = sum(r.num_samples for r in rollouts)
+        num_tokens = int(sum(r.completion_mask.sum() for r in rollouts))
+        norms = dict(num_sequences=num_sequences, num_tokens=num_tokens,
+                     max_new_tokens=max(self.spec.sampling.max_new_tokens, 1))
+        chunks = micro_batches(rollouts, g.micro_batch_tokens)
+
+        # 2. decoupled PPO: the behaviour policy re-scored under the learner's own numerics
+        prox = self.proximal_logprobs(rollouts, chunks, proximal or {}) if g.recompute_logprobs else None
+
+        # 3. forward, loss, backward per micro-batch; gradients accumulate
+        stats = _Stats()
+        total_loss = 0.0
+        for i, rows in chunks:
+            r = rollouts[i]
+            batch = self._tensors(r, rows)
+            behaviour, mask, adv = batch.pop("logprobs"), batch["completion_mask"], advantages[i][rows].to(self.device)
+            ref = None
+            if g.beta > 0:
+                # the reference is the same network with the adapter switched off: no second copy
+                with torch.no_grad(), self.model.disable_adapter():
+                    self.model.eval()
+                    ref = completion_logprobs(self.model, **batch, temperature=temperature)
+            self.model.train()
+            logp = completion_logprobs(self.model, **batch, temperature=temperature)
+            if prox is not None:            # ratio vs the proximal policy, weight corrects the engine
+                logp_old = prox[i][rows].to(self.device)
+                weight = truncated_is_weight(logp_old, behaviour, g.tis_cap) if g.tis_cap > 0 else None
+            elif g.tis_cap > 0:             # truncated IS against the engine, from the current weights
+                logp_old = logp.detach()
+                weight = truncated_is_weight(logp_old, behaviour, g.tis_cap)
+            else:                           # plain off-policy PPO against the engine's log-probs
+                logp_old, weight = behaviour, None
+            tl = token_loss(logp, logp_old, adv, mask, g.eps_low, g.eps_high, weight, ref, g.beta)
+            loss = aggregate(tl.loss, mask, g.loss_agg, **norms)
+            loss.backward()
+            total_loss += loss.item()
+            stats.add(tl, mask, weight)
+        self.model.eval()
+
+        # 4. one clipped AdamW step; a non-finite gradient skips the update instead of poisoning it
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        max_norm = g.max_grad_norm if g.max_grad_norm > 0 else float("inf")
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        lr = self.scheduler.get_last_lr()[0]
+        skipped = not (math.isfinite(grad_norm) and math.isfinite(total_loss))
+        if not skipped:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        with warnings.catch_warnings():  # torch warns when a step is skipped; that is the point here
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
+            self.scheduler.step()  # the schedule follows the step count even when an update is skipped
+
+        train_s = time.perf_counter() - t0
+        all_tokens = num_tokens + int(sum(r.prompt_mask.sum() for r in rollouts))
+        adv = torch.cat(advantages)
+        return {
+            "loss": total_loss, "grad_norm": grad_norm, "lr": lr, "skipped_nonfinite": int(skipped),
+            **stats.summary(num_tokens), **reward_stats(rollouts),
+            "adv_mean": adv.mean().item(), "adv_std": adv.std(correction=0).item(),
+            "adv_min": adv.min().item(), "adv_max": adv.max().item(),
+            "sequences": num_sequences, "completion_tokens": num_tokens, "micro_batches": len(chunks),
+            "train_s": train_s, "tokens_per_s": all_tokens / max(train_s, 1e-9),
+        }
+
+    def _tensors(self, r: Rollout, rows: slice) -> dict[str, torch.Tensor]:
+        d = self.device
+        return dict(
+            prompt_ids=r.prompt_ids[rows].to(d), prompt_mask=r.prompt_mask[rows].to(d, torch.long),
+            completion_ids=r.completion_ids[rows].to(d), completion_mask=r.completion_mask[rows].to(d, torch.long),
+            logprobs=r.logprobs[rows].to(d),
+        )
+
+    @torch.no_grad()
+    def proximal_logprobs(self, rollouts: list[Rollout], chunks: list[tuple[int, slice]],
+                          versions: dict[int, dict[str, torch.Tensor]]) -> list[torch.Tensor]:
+        """Log-probs of each rollout under the adapter version that generated it, computed by this
+        learner. The adapters are small, so the version's tensors are swapped into the LoRA weights
+        (in place: the optimizer keeps its parameter objects) and the current ones put back."""
+        current = {k: v.clone() for k, v in adapters.adapter_state(self.model).items()}
+        out = [torch.zeros_like(r.logprobs) for r in rollouts]
+        self.model.eval()
+        try:
+            for version in sorted({r.policy_version for r in rollouts}):
+                state = self.v0 if version == 0 else versions.get(version)
+                if state is None:
+                    raise KeyError(f"adapter version {version} is needed to recompute log-probs but was not loaded")
+                adapters.apply(self.model, state)
+                for i, rows in chunks:
+                    if rollouts[i].policy_version == version:
+                        batch = self._tensors(rollouts[i], rows)
+                        batch.pop("logprobs")
+                        out[i][rows] = completion_logprobs(
+                            self.model, **batch, temperature=self.spec.sampling.temperature).cpu()
+        finally:
+            adapters.apply(self.model, current)
+        return out
+
+    # ------------------------------------------------------------ what gets published
+
+    def adapter_config_json(self) -> bytes:
+        """PEFT's adapter_config.json, naming the base by the run spec's model (not this machine's
+        cache path), so the same weights give the same bytes on any machine and after a restart."""
+        config = json.loads(adapters.adapter_config_json(self.model))
+        config["base_model_name_or_path"] = self.spec.model
+        return json.dumps(config, indent=2, sort_keys=True).encode()
+
+    def adapter_files(self, payload: str, config_json: bytes | None = None) -> tuple[dict[str, bytes], float]:
+        """The files of an adapter version made from the current weights, and the quantization error."""
+        state = {k: v.cpu() for k, v in adapters.adapter_state(self.model).items()}
+        return adapters.encode(state, config_json or self.adapter_config_json(), payload)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.get_input_embeddings().num_embeddings
+
+
+class _Stats:
+    """Token-level sums over micro-batches, reduced once at the end."""
+
+    def __init__(self) -> None:
+        self.kl = self.low = self.high = self.ratio_sum = self.weight_sum = 0.0
+        self.ratio_min, self.ratio_max = math.inf, -math.inf
+        self.weighted = False
+
+    @torch.no_grad()
+    def add(self, tl, mask: torch.Tensor, weight: torch.Tensor | None) -> None:
+        on = mask > 0
+        self.kl += float(tl.kl[on].sum())
+        self.low += float(tl.clipped_low.sum())
+        self.high += float(tl.clipped_high.sum())
+        if on.any():
+            ratios = tl.ratio[on]
+            self.ratio_sum += float(ratios.sum())
+            self.ratio_min = min(self.ratio_min, float(ratios.min()))
+            self.ratio_max = max(self.ratio_max, float(ratios.max()))
+        if weight is not None:
+            self.weighted = True
+            self.weight_sum += float(weight[on].sum())
+
+    def summary(self, num_tokens: int) -> dict[str, float]:
+        n = max(num_tokens, 1)
+        out = {
+            "kl": self.kl / n, "clip_low_frac": self.low / n, "clip_high_frac": self.high / n,
+            "ratio_mean": self.ratio_sum / n,
+            "ratio_min": self.ratio_min if num_tokens else 1.0, "ratio_max": self.ratio_max if num_tokens else 1.0,
+        }
+        if self.weighted:
+            out["is_weight_mean"] = self.weight_sum / n
+        return out
+
+
+def reward_stats(rollouts: list[Rollout]) -> dict[str, float]:
+    """Mean and std of the total reward and of each reward function's part."""
+    rewards = torch.cat([r.rewards.float() for r in rollouts])
+    out = {"reward_mean": rewards.mean().item(), "reward_std": rewards.std(correction=0).item()}
+    parts: dict[str, list[torch.Tensor]] = {}
+    for r in rollouts:
+        for k, name in enumerate(r.reward_names[: r.reward_parts.shape[1]]):
+            parts.setdefault(name, []).append(r.reward_parts[:, k].float())
+    for name, cols in parts.items():
+        col = torch.cat(cols)
+        col = col[torch.isfinite(col)]
+        if col.numel():
+            out[f"reward/{name}/mean"] = col.mean().item()
+            out[f"reward/{name}/std"] = col.std(correction=0).item()
+    return out
