@@ -155,6 +155,12 @@ def spec_to_dict(spec: pb.RunSpec) -> dict[str, Any]:
     return json_format.MessageToDict(spec, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
 
 
+def _short(value: str, limit: int = 64) -> str:
+    """A value quoted for an error message, cut short: hostile input must not bloat the message
+    (gRPC refuses status details larger than its metadata limit)."""
+    return repr(value[:limit]) + ("..." if len(value) > limit else "")
+
+
 def validate_spec(spec: pb.RunSpec) -> None:
     problems: list[str] = []
 
@@ -163,12 +169,12 @@ def validate_spec(spec: pb.RunSpec) -> None:
             problems.append(f"{field}: {msg}")
 
     need(bool(RUN_ID_RE.match(spec.run_id)), "run_id",
-         f"{spec.run_id!r} must be 1-63 chars of a-z 0-9 . _ - starting with a letter or digit")
+         f"{_short(spec.run_id)} must be 1-63 chars of a-z 0-9 . _ - starting with a letter or digit")
     need(bool(spec.model), "model", "is required (a Hugging Face id, a local folder, a bucket URI, or 'demo')")
     for name, allowed in CHOICES.items():
         section, _, attr = name.rpartition(".")
         value = getattr(getattr(spec, section) if section else spec, attr)
-        need(value in allowed, name, f"{value!r} is not one of {sorted(allowed)}")
+        need(value in allowed, name, f"{_short(value)} is not one of {sorted(allowed)}")
     need(spec.prompts_per_batch >= 1, "prompts_per_batch", "must be >= 1")
     need(spec.batches_per_step >= 1, "batches_per_step", "must be >= 1")
     need(spec.publish_every >= 1, "publish_every", "must be >= 1")

@@ -673,8 +673,11 @@ local step = tonumber(ARGV[1])
 local old = tonumber(redis.call('GET', KEYS[4]) or '-1')
 if step > old then
   redis.call('SET', KEYS[4], ARGV[1])
-  event(KEYS[7], ARGV[7], 'StepCompleted', 'step', ARGV[1], 'consumed', fmt(nc), 'rejected', fmt(nr),
-        'learner', ARGV[6])
+  -- step 0 acks only carry rejections made before the first step; no step completed
+  if step > 0 then
+    event(KEYS[7], ARGV[7], 'StepCompleted', 'step', ARGV[1], 'consumed', fmt(nc), 'rejected', fmt(nr),
+          'learner', ARGV[6])
+  end
 end
 if ARGV[2] ~= '' and step > tonumber(redis.call('HGET', KEYS[6], 'metrics_step') or '-1') then
   redis.call('HSET', KEYS[6], 'metrics_step', ARGV[1])

@@ -68,7 +68,8 @@ class Rollout:
         return int(self.completion_mask.sum())
 
     def to_bytes(self) -> bytes:
-        tensors = {name: getattr(self, name).to(dtype).contiguous() for name, (dtype, _) in SPEC.items()}
+        # clone: safetensors refuses tensors that share memory (e.g. rewards and a view of reward_parts)
+        tensors = {name: getattr(self, name).to(dtype).contiguous().clone() for name, (dtype, _) in SPEC.items()}
         metadata = {
             "format": FORMAT,
             "run_id": self.run_id,
