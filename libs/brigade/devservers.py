@@ -8,12 +8,24 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+
+def die_with_parent() -> None:
+    """preexec_fn for helper children (rq workers): the kernel SIGKILLs the child when its parent
+    dies, even by SIGKILL, so a killed service leaves no orphan behind."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
 
 
 def free_port() -> int:

@@ -42,6 +42,8 @@ from typing import Any
 
 import structlog
 
+from brigade.devservers import die_with_parent
+
 log = structlog.get_logger()
 
 BUILTINS = {
@@ -343,7 +345,7 @@ class RqSandbox:
         self.worker = subprocess.Popen(
             [sys.executable, "-m", "rq.cli", "worker", "--url", self.redis_url, "--quiet",
              "--name", f"{self.queue_name}:{os.uname().nodename}:{os.getpid()}", self.queue_name],
-            stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
+            stdin=subprocess.DEVNULL, preexec_fn=die_with_parent,
         )
 
     async def call(self, function: str, prompts, completions, completion_ids, columns, timeout_s: float) -> list:
@@ -395,12 +397,3 @@ def _cancel(job, redis) -> None:
             action()
         except Exception:  # already finished, gone, or not running: nothing to stop
             pass
-
-
-def _die_with_parent() -> None:
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass

@@ -62,14 +62,18 @@ def evaluator(
     log_level: options.LogLevel = options.DEFAULTS.log_level,
 ) -> None:
     """Evaluate published adapters on held-out prompts (rq jobs)."""
+    from brigade.devservers import die_with_parent
     from brigade.log import configure_logging
 
     log = configure_logging("evaluator", log_level)
+    # SIGTERM (docker stop, systemd, brigade up) unwinds like Ctrl-C, so the rq worker is stopped too
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     child = None
     if worker:
         # SimpleWorker: jobs run in the worker process, so the base model loads once, not per job
         child = subprocess.Popen([sys.executable, "-m", "rq.cli", "worker", "--url", redis_url, "--quiet",
-                                  "--worker-class", "rq.worker.SimpleWorker", eval_queue(run)], env=os.environ)
+                                  "--worker-class", "rq.worker.SimpleWorker", eval_queue(run)], env=os.environ,
+                                 preexec_fn=die_with_parent)
     try:
         asyncio.run(watch(redis_url, bucket, run, log))
     except KeyboardInterrupt:

@@ -29,6 +29,25 @@ DEMO_PROMPTS_PER_STEP = 8
 # Answers are at most two characters plus the eos; one token of slack.
 DEMO_SAMPLING = dict(group_size=8, temperature=1.0, top_p=1.0, max_new_tokens=4)
 
+# The whole demo run, as run spec overrides (`brigade up --demo`): the settings above, 100 learner
+# steps of one 8-prompt batch each, and the default staleness cap of 4 versions.
+DEMO_RUN = {
+    "run_id": "demo",
+    "model": "demo",
+    "dataset": "demo",
+    "eval_dataset": "demo:heldout",
+    "max_steps": 100,
+    "prompts_per_batch": DEMO_PROMPTS_PER_STEP,
+    "batches_per_step": 1,
+    "eval_every": 10,
+    "lora": {"rank": DEMO_LORA["r"], "alpha": float(DEMO_LORA["lora_alpha"]), "dropout": 0.0,
+             "target_modules": DEFAULT_TARGET_MODULES},
+    "sampling": dict(DEMO_SAMPLING),
+    "grpo": {"learning_rate": DEMO_LR, "loss_agg": "dapo", "scale_rewards": "group", "beta": 0.0},
+    "staleness": {"max_staleness": 4, "lease_seconds": 30, "max_attempts": 3},
+    "rewards": [{"function": "demo_sum", "weight": 1.0}],
+}
+
 # Special tokens as they appear in decoded text when skip_special_tokens=False.
 BOS, EOS, PAD, UNK = "<bos>", "<eos>", "<pad>", "<unk>"
 
