@@ -30,7 +30,7 @@ DEMO_PROMPTS_PER_STEP = 8
 DEMO_SAMPLING = dict(group_size=8, temperature=1.0, top_p=1.0, max_new_tokens=4)
 
 # The whole demo run, as run spec overrides (`brigade up --demo`): the settings above, 100 learner
-# steps of one 8-prompt batch each, and the default staleness cap of 4 versions.
+# steps of one 8-prompt batch each, a small KL anchor (beta 0.01) and the staleness cap of 4 versions.
 DEMO_RUN = {
     "run_id": "demo",
     "model": "demo",
@@ -43,7 +43,7 @@ DEMO_RUN = {
     "lora": {"rank": DEMO_LORA["r"], "alpha": float(DEMO_LORA["lora_alpha"]), "dropout": 0.0,
              "target_modules": DEFAULT_TARGET_MODULES},
     "sampling": dict(DEMO_SAMPLING),
-    "grpo": {"learning_rate": DEMO_LR, "loss_agg": "dapo", "scale_rewards": "group", "beta": 0.0},
+    "grpo": {"learning_rate": DEMO_LR, "loss_agg": "dapo", "scale_rewards": "group", "beta": 0.01},
     "staleness": {"max_staleness": 4, "lease_seconds": 30, "max_attempts": 3},
     "rewards": [{"function": "demo_sum", "weight": 1.0}],
 }
