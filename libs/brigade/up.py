@@ -169,6 +169,9 @@ def up(
     overrides: dict = {} if spec_path else demo_overrides()
     if run:
         overrides["run_id"] = run
+    elif not spec_path:
+        # a fresh run id per demo: Redis (perhaps a shared one) and the bucket never mix two demos
+        overrides["run_id"] = time.strftime("demo-%Y%m%d-%H%M%S")
     if max_steps:
         overrides["max_steps"] = max_steps
     try:
