@@ -47,3 +47,15 @@ def s3_bucket_url(s3_endpoint) -> str:
 @pytest.fixture
 def file_bucket_url(tmp_path) -> str:
     return f"file://{tmp_path / 'bucket'}"
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Tiny models on a busy 2-core machine: a second OpenMP thread only adds spin-waiting
+    (measured 10-100x slower), so torch-heavy tests pin one thread and restore it after."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

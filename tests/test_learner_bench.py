@@ -5,17 +5,12 @@ from __future__ import annotations
 import math
 
 import pytest
-import torch
 
 from brigade.bench import learner as bench
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+
 
 
 async def test_bench_learner_reports_step_against_bare():

@@ -18,6 +18,8 @@ from brigade_learner.checkpoint import LearnerState
 from brigade_learner.synthetic import build_tiny_model, make_rollout, tiny_spec
 from brigade_learner.trainer import Trainer
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 PROMPTS = torch.tensor([[0, 1, 6, 13, 7, 12], [1, 8, 13, 9, 12, 4]])
 PROBE = torch.tensor([[1, 5, 13, 6, 12, 7, 8, 2], [1, 9, 13, 9, 12, 10, 8, 2]])
 
@@ -40,12 +42,6 @@ LOADER = textwrap.dedent("""
 """)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @torch.no_grad()

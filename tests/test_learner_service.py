@@ -35,18 +35,12 @@ from brigade_learner import checkpoint
 from brigade_learner.synthetic import build_tiny_model, encode_prompts, make_rollout
 from brigade_learner.trainer import Trainer
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.timeout(240)]
 
 MAX_STEPS = 5
 HOSTILE = 2  # the driver's third rollout is not safetensors
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

@@ -13,17 +13,12 @@ from brigade_learner.ingest import drop_nonfinite
 from brigade_learner.synthetic import build_tiny_model, make_rollout, tiny_spec
 from brigade_learner.trainer import Trainer, micro_batches
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 PROMPTS = torch.tensor([[0, 1, 6, 13, 7, 12], [1, 8, 13, 9, 12, 4]])  # left-padded ids of the char tokenizer
 PROMPT_MASK = (PROMPTS != 0).long()
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny matrices: a second OpenMP thread only adds spin-waiting (100x slower on a busy box)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")
