@@ -1,0 +1,261 @@
+"""Chaos: any process can die at any moment, and nothing is lost, repeated, or let in.
+
+A real run, every service its own process (redis-server with its append-only file, moto's S3
+server, `brigade proxy`, `brigade janitor`, `brigade learner`, 3 `brigade rollout` workers, a
+bearer token on every call). While it runs, rollout workers holding a lease are SIGKILLed again
+and again (and replaced by new ones, as a spot fleet would), the learner is SIGKILLed the moment
+it reports a trained step (while that step is being made durable), the proxy and the janitor are SIGKILLed
+once each (`make chaos`: more of everything, and Redis restarted under load too); everything
+killed is restarted. At the end:
+
+- the learner reached max_steps and exited 0;
+- no batch was trained twice: the per-step consumed lists of every checkpoint chain with no repeat,
+  and equal the consumed set in Redis;
+- every batch ever cut is in exactly one place: consumed, rejected (stale, with its reason),
+  dead-lettered (with its reason), or still in flight (queued, leased, completed and not acked:
+  the learner stopped at max_steps); vanished == 0;
+- adapter versions are 1..max_steps, the same in Redis and in the bucket, and no write-once
+  object (adapter files, checkpoint manifests, rollout objects) changed after it first appeared;
+- every checkpoint and every adapter version loads into a fresh trainer.
+
+It prints the counts as one JSON line. `make chaos` (BRIGADE_CHAOS_LONG=1) runs longer with more kills.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import threading
+import time
+import uuid
+
+import botocore.exceptions
+import pytest
+from chaos_support import System, chaos_spec, s3_client
+
+from brigade import keys
+
+LONG = os.environ.get("BRIGADE_CHAOS_LONG", "") not in ("", "0")
+
+# short: fits `make test` on a 2-core machine; long: `make chaos`
+MAX_STEPS = 100 if LONG else 20
+WORKER_KILL_EVERY_STEPS = 3   # a busy worker is SIGKILLed (and replaced) every few steps of progress
+WORKER_KILL_MIN_GAP_S = 3.0
+LEARNER_KILL_STEPS = (5, 40, 75) if LONG else (6,)   # SIGKILLed the moment it logs having trained this step
+JANITOR_KILL_STEPS = (3, 55) if LONG else (3,)
+PROXY_KILL_STEPS = (10, 50, 85) if LONG else (12,)
+REDIS_RESTART_STEPS = (65,) if LONG else ()           # long: Redis restarted (AOF) under load, unannounced
+FREEZE_STEPS = (15, 30, 60, 90) if LONG else (16,)    # a busy worker is SIGSTOPped past its lease, then resumed
+WORKER_SPEED = 200.0        # each token costs 200x its real time (asleep, no CPU): the fleet, not the learner, sets the pace
+SLOW_WORKER_SPEED = 800.0   # worker 2 is a slower machine: its batches tend to be revoked or go stale
+TIMEOUT_S = 1200 if LONG else 300
+
+pytestmark = pytest.mark.timeout(TIMEOUT_S + 120)
+
+
+class LearnerAssassin(threading.Thread):
+    """Tails the learner's log every few milliseconds and SIGKILLs it the moment it logs `step` for
+    an armed step number: the step is trained, and its checkpoint, adapter, publish and ack are
+    under way (or not started). Restarting it is the main loop's job."""
+
+    def __init__(self, system: System, steps: tuple[int, ...]):
+        super().__init__(name="learner-assassin", daemon=True)
+        self.s, self.steps = system, list(steps)
+        self.kills: list[dict] = []
+        self.retries = 3
+        self.killed = threading.Event()
+        self.done = threading.Event()
+
+    def phase_of(self, step: int) -> str:
+        """Where in step `step` the (dead) learner was: its checkpoint, publish and ack leave traces."""
+        k = keys.RunKeys(self.s.run)
+        with self.s.r() as r:
+            acked = any(int(f[b"step"]) == step for _, f in r.xrevrange(k.metrics, count=20))
+            published = r.hexists(k.adapters, str(step))  # publish_every 1: version == step
+        if acked:
+            return "after_ack"
+        if published:
+            return "after_publish"
+        try:
+            s3_client(self.s.moto.url).head_object(
+                Bucket=self.s.bucket_name,
+                Key=f"{self.s.bucket_root}/{keys.checkpoint_prefix(self.s.run, step)}manifest.json")
+            return "after_checkpoint"
+        except botocore.exceptions.ClientError:
+            return "before_checkpoint"
+
+    def run(self) -> None:
+        path = self.s.logs / "learner.log"
+        pos = 0
+        while not self.done.is_set() and self.steps:
+            if self.killed.is_set() or not path.exists():
+                time.sleep(0.005)
+                continue
+            with path.open("rb") as f:
+                f.seek(pos)
+                data = f.read()
+            end = data.rfind(b"\n") + 1
+            pos += end
+            for line in data[:end].splitlines():
+                if b'"step"' not in line:
+                    continue
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue
+                if event.get("event") == "step" and event.get("step") == self.steps[0]:
+                    self.killed.set()  # first: the main loop must not take the dead learner for a finished one
+                    self.s.kill("learner")
+                    step = self.steps.pop(0)
+                    try:
+                        phase = self.phase_of(step)
+                    except Exception as e:  # noqa: BLE001 - Redis restarting (long mode)
+                        phase = f"unknown ({type(e).__name__})"
+                    self.kills.append({"step": step, "phase": phase})
+                    if phase == "after_ack" and self.retries > 0 and step + 2 < MAX_STEPS:
+                        # too late to be mid-step: try again a little later
+                        self.retries -= 1
+                        self.steps.insert(0, step + 2)
+                    break
+            time.sleep(0.005)
+
+
+class Chaos:
+    """The kill schedule, driven by the learner's progress and the clock."""
+
+    def __init__(self, system: System, seed: int):
+        self.s = system
+        self.rng = random.Random(seed)
+        self.assassin = LearnerAssassin(system, LEARNER_KILL_STEPS)
+        self.janitor_kills = list(JANITOR_KILL_STEPS)
+        self.proxy_kills = list(PROXY_KILL_STEPS)
+        self.freezes = list(FREEZE_STEPS)
+        self.redis_restarts = list(REDIS_RESTART_STEPS)
+        self.frozen: tuple[str, float] | None = None
+        self.next_worker_kill = 1
+        self.last_worker_kill = 0.0
+        self.freeze_log: list[dict] = []
+
+    def pending(self) -> bool:
+        return bool(self.assassin.steps or self.janitor_kills or self.proxy_kills or self.freezes or self.frozen
+                    or self.redis_restarts)
+
+    def tick(self) -> None:
+        s = self.s
+        if self.assassin.killed.is_set() and not s.services["learner"].alive():
+            time.sleep(0.5)
+            s.restart("learner")
+            self.assassin.killed.clear()
+        step = s.learner_step()
+        if self.janitor_kills and step >= self.janitor_kills[0]:
+            self.janitor_kills.pop(0)
+            s.kill("janitor")
+            time.sleep(1.0)
+            s.restart("janitor")
+        if self.proxy_kills and step >= self.proxy_kills[0]:
+            self.proxy_kills.pop(0)
+            s.kill("proxy")
+            time.sleep(1.0)
+            s.restart("proxy")
+        if self.redis_restarts and step >= self.redis_restarts[0]:
+            self.redis_restarts.pop(0)
+            s.redis.restart()
+            s.note("restart", "redis")
+        self.freeze_a_worker(step)
+        self.kill_a_worker(step)
+
+    def busy_workers(self) -> list[str]:
+        holders = self.s.lease_holders()
+        frozen = self.frozen[0] if self.frozen else None
+        return [n for n in self.s.worker_names()
+                if n != frozen and self.s.services[n].alive() and self.s.services[n].worker_id in holders]
+
+    def freeze_a_worker(self, step: int) -> None:
+        """A paused VM / a partition: SIGSTOP a worker holding a lease until well past the lease's
+        end (the janitor requeues its batch), then SIGCONT it. It must learn that it lost the lease
+        and never get its stale work counted twice."""
+        s = self.s
+        if self.frozen is not None:
+            name, until = self.frozen
+            if time.monotonic() >= until:
+                s.thaw([name])
+                s.note("thaw", name)
+                self.frozen = None
+            return
+        if self.freezes and step >= self.freezes[0]:
+            try:
+                busy = self.busy_workers()
+            except Exception:  # noqa: BLE001 - Redis restarting: next tick
+                return
+            if busy:
+                self.freezes.pop(0)
+                name = self.rng.choice(busy)
+                s.freeze([name])
+                s.note("freeze", name)
+                self.freeze_log.append({"worker": s.services[name].worker_id, "step": step})
+                self.frozen = (name, time.monotonic() + s.spec.staleness.lease_seconds + 4)
+
+    def kill_a_worker(self, step: int) -> None:
+        """Every few steps, SIGKILL a worker that holds a lease (so its batch must come back through
+        lease expiry or revocation), as long as another worker is busy too, and start a replacement
+        at once. Paced by progress, not the clock, so a slow machine does not get a kill storm."""
+        s, now = self.s, time.monotonic()
+        if step < self.next_worker_kill or now - self.last_worker_kill < WORKER_KILL_MIN_GAP_S:
+            return
+        try:
+            busy = self.busy_workers()
+        except Exception:  # noqa: BLE001 - Redis busy: next tick
+            return
+        if len(busy) < 2:
+            return
+        victim = self.rng.choice(busy)
+        s.kill(victim)
+        s.restart(victim)
+        self.last_worker_kill = now
+        self.next_worker_kill = step + WORKER_KILL_EVERY_STEPS
+
+
+def test_chaos(tmp_path, one_torch_thread, capsys):
+    t0 = time.monotonic()
+    run = f"chaos-{uuid.uuid4().hex[:8]}"
+    speeds = {i: ["--speed-factor", str(WORKER_SPEED)] for i in range(2)}
+    speeds[2] = ["--speed-factor", str(SLOW_WORKER_SPEED), "--capacity-class", "on-demand"]
+    spec = chaos_spec(run, MAX_STEPS, staleness={"lease_seconds": 5})
+    with System(tmp_path, spec, workers=3, worker_args=speeds) as system:
+        system.start()
+        chaos = Chaos(system, seed=int.from_bytes(os.urandom(4), "big"))
+        chaos.assassin.start()
+        deadline = time.monotonic() + TIMEOUT_S
+        try:
+            while system.services["learner"].alive() or chaos.assassin.killed.is_set() or chaos.frozen:
+                assert time.monotonic() < deadline, f"the run did not finish in {TIMEOUT_S}s: {system.describe()}"
+                system.check_no_crash()
+                chaos.tick()
+                time.sleep(0.05)
+        finally:
+            chaos.assassin.done.set()
+        if chaos.frozen:
+            system.thaw([chaos.frozen[0]])
+        system.finish(timeout=120)
+        report = system.audit()
+    problems = report.pop("problems")
+    reasons = report.pop("rejection_reasons")
+    report.update(mode="long" if LONG else "short", learner_kills=chaos.assassin.kills, freezes=chaos.freeze_log,
+                  redis_restarts=len(REDIS_RESTART_STEPS),
+                  wall_s=round(time.monotonic() - t0, 1))
+    with capsys.disabled():  # shown even when pytest captures output (make test, make chaos)
+        print(f"\nrejection reasons in the learner's metrics: {reasons}\nCHAOS " + json.dumps(report), flush=True)
+    assert not problems, "\n".join(problems)
+    assert not chaos.pending(), f"part of the schedule never happened: {chaos.__dict__}"
+    assert report["steps"] == MAX_STEPS
+    assert report["duplicates"] == 0 and report["vanished"] == 0 and report["overwritten"] == 0
+    assert report["checkpoints_loaded"] == MAX_STEPS
+    kills = report["kills_by_service"]
+    assert kills.get("learner") >= len(LEARNER_KILL_STEPS) and kills.get("proxy") == len(PROXY_KILL_STEPS)
+    assert kills.get("janitor") == len(JANITOR_KILL_STEPS)
+    assert kills.get("rollout", 0) >= MAX_STEPS // WORKER_KILL_EVERY_STEPS // 2
+    # at least one learner kill landed before its step was acked: mid-step, not between steps
+    assert any(k["phase"] != "after_ack" for k in chaos.assassin.kills), chaos.assassin.kills
+    # killed and frozen workers' leases came back (through expiry, or revocation when too stale by then)
+    assert report["expired_leases"] + report["revoked_leases"] >= 1
