@@ -139,11 +139,8 @@ def test_corrupted_rollout_bytes_are_caught_by_sha256_and_rejected(faulty):
     assert faulty.stats["corrupt"] == 2 and len(faulty.corrupted) == 2
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG services/learner/checkpoint.py load_files: one torn read (a transient BucketError) of a checkpoint file "
-    "escapes checkpoint.latest and kills the learner at resume, and a corrupted read makes it silently fall back "
-    "to an OLDER checkpoint (whose next save then collides with the newer complete one: CheckpointError). Fix: "
-    "retry bucket.get(..., sha256=...) a few times on BucketError/CorruptObject before judging the folder."))
+# A torn (transient BucketError) or corrupted read of a checkpoint file is read again: it neither kills
+# the learner at resume nor makes it fall back to an older checkpoint whose next save would collide.
 def test_learner_resume_survives_a_torn_or_corrupted_checkpoint_read(faulty, tmp_path, one_torch_thread):
     from brigade_learner import checkpoint
     from brigade_learner.checkpoint import LearnerState

@@ -333,11 +333,17 @@ async def test_complete_is_retried_until_the_proxy_answers(env):
     try:
         assert await w._complete(lease, pb.RolloutManifest()) is True   # the third try landed, as a duplicate
         assert w.client.lease.calls == 3
-        refused = grpc.aio.AioRpcError(grpc.StatusCode.FAILED_PRECONDITION, grpc.aio.Metadata(), grpc.aio.Metadata(),
+        expired = grpc.aio.AioRpcError(grpc.StatusCode.FAILED_PRECONDITION, grpc.aio.Metadata(), grpc.aio.Metadata(),
                                        "lease expired")
-        w.client.lease = Flaky(1, refused)
-        with pytest.raises(wmod.BatchError, match="refused"):
+        w.client.lease = Flaky(1, expired)
+        with pytest.raises(wmod.LeaseGone, match="expired"):  # taken back: discard, no FailLease
             await w._complete(lease, pb.RolloutManifest())
         assert w.client.lease.calls == 2
+        refused = grpc.aio.AioRpcError(grpc.StatusCode.INVALID_ARGUMENT, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                                       "bad manifest")
+        w.client.lease = Flaky(0, refused)
+        with pytest.raises(wmod.BatchError, match="refused"):
+            await w._complete(lease, pb.RolloutManifest())
+        assert w.client.lease.calls == 1
     finally:
         wmod.BACKOFF_BASE_S = orig

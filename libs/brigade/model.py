@@ -69,7 +69,8 @@ def load_base(spec: pb.RunSpec, device: torch.device | None = None) -> tuple[Pre
     tokenizer = AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[spec.dtype]).to(device)
+    # safetensors only: a folder holding pytorch_model.bin would otherwise be unpickled by torch.load
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[spec.dtype], use_safetensors=True).to(device)
     model.requires_grad_(False)
     return model, tokenizer
 

@@ -3,6 +3,7 @@ sides, TLS, and one-line descriptions of RPC errors for people."""
 
 from __future__ import annotations
 
+import hmac
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,7 +134,9 @@ class BearerAuthInterceptor(grpc.aio.ServerInterceptor):
         if method.startswith(OPEN_METHOD_PREFIXES):
             return await continuation(handler_call_details)
         metadata = dict(handler_call_details.invocation_metadata or ())
-        if metadata.get("authorization") == self._expected:
+        given = metadata.get("authorization", "")
+        # constant-time comparison: response timing must not leak how much of a guess was right
+        if isinstance(given, str) and hmac.compare_digest(given.encode(), self._expected.encode()):
             return await continuation(handler_call_details)
         handler = await continuation(handler_call_details)
         if handler is not None and handler.response_streaming:

@@ -17,6 +17,7 @@ can never run code.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import re
@@ -31,7 +32,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from brigade import adapters, keys
-from brigade.bucket import AlreadyExists, Bucket, CorruptObject, NotFound, sha256_hex
+from brigade.bucket import AlreadyExists, Bucket, BucketError, CorruptObject, NotFound, sha256_hex
 from brigade_learner.trainer import Trainer
 
 log = structlog.get_logger()
@@ -238,32 +239,55 @@ async def steps(bucket: Bucket, run: str) -> list[int]:
     return sorted(found)
 
 
-async def load_files(bucket: Bucket, run: str, step: int) -> dict[str, bytes] | None:
+READ_ATTEMPTS = 4  # a torn or corrupted read is read again before a checkpoint is judged damaged
+
+
+async def load_files(bucket: Bucket, run: str, step: int, attempts: int = READ_ATTEMPTS) -> dict[str, bytes] | None:
     """The files of a complete checkpoint, each verified against the manifest; None when the
-    manifest is missing (a save that never finished) or the folder is damaged."""
+    manifest is missing (a save that never finished) or the folder is damaged. A read that fails
+    (torn body, sha256 mismatch in flight, an outage) is retried first; an outage that outlasts the
+    retries raises: resuming from an older checkpoint instead would collide with this one."""
     folder = keys.checkpoint_prefix(run, step)
-    try:
-        manifest = json.loads(await bucket.get(folder + MANIFEST))
-    except NotFound:
-        return None
-    except ValueError as e:
-        log.warning("checkpoint_damaged", step=step, error=f"manifest is not JSON: {e}")
-        return None
-    try:
-        if manifest.get("format") != FORMAT or manifest.get("step") != step:
-            raise ValueError(f"manifest says format {manifest.get('format')!r} step {manifest.get('step')!r}")
-        files = {}
-        for name, info in manifest["files"].items():
-            if "/" in name or name.startswith("."):
-                raise ValueError(f"manifest names a file outside its folder: {name!r}")
-            files[name] = await bucket.get(folder + name, sha256=info["sha256"])
-        missing = {ADAPTER, OPTIMIZER, RNG, CONFIG, STATE} - set(files)
-        if missing:
-            raise ValueError(f"manifest lacks {sorted(missing)}")
-        return files
-    except (NotFound, CorruptObject, ValueError, KeyError, TypeError, AttributeError) as e:
-        log.warning("checkpoint_damaged", step=step, error=str(e)[:300])
-        return None
+    error = ""
+    for attempt in range(attempts):
+        if attempt:
+            log.warning("checkpoint_read_retry", step=step, attempt=attempt, error=error[:300])
+            await asyncio.sleep(0.5 * 2 ** (attempt - 1))
+        try:
+            manifest = json.loads(await bucket.get(folder + MANIFEST))
+        except NotFound:
+            return None
+        except (CorruptObject, ValueError) as e:
+            error = f"manifest is not JSON: {e}"
+            continue
+        except BucketError as e:
+            if attempt == attempts - 1:
+                raise
+            error = str(e)
+            continue
+        try:
+            if manifest.get("format") != FORMAT or manifest.get("step") != step:
+                raise ValueError(f"manifest says format {manifest.get('format')!r} step {manifest.get('step')!r}")
+            files = {}
+            for name, info in manifest["files"].items():
+                if "/" in name or name.startswith("."):
+                    raise ValueError(f"manifest names a file outside its folder: {name!r}")
+                files[name] = await bucket.get(folder + name, sha256=info["sha256"])
+            missing = {ADAPTER, OPTIMIZER, RNG, CONFIG, STATE} - set(files)
+            if missing:
+                raise ValueError(f"manifest lacks {sorted(missing)}")
+            return files
+        except (NotFound, ValueError, KeyError, TypeError, AttributeError) as e:  # damaged for good
+            log.warning("checkpoint_damaged", step=step, error=str(e)[:300])
+            return None
+        except CorruptObject as e:
+            error = str(e)
+        except BucketError as e:
+            if attempt == attempts - 1:
+                raise
+            error = str(e)
+    log.warning("checkpoint_damaged", step=step, error=error[:300])
+    return None
 
 
 async def latest(bucket: Bucket, run: str) -> tuple[int, dict[str, bytes]] | None:

@@ -115,14 +115,16 @@ class Learner:
     async def _ack_now(self, delivery_ids: list[str], rejected: list[str]) -> None:
         """Rejections and duplicates are final: ack them at once (not with the next step), or they
         would count as outstanding work at the proxy and could hold admission shut."""
+        # step 0: these acks complete no step; only a step's own ack may move the proxy's step (and
+        # emit StepCompleted), and the proxy's script only ever moves it forward
         try:
-            await self._ack(delivery_ids, [], rejected, self.durable_step)
+            await self._ack(delivery_ids, [], rejected, 0)
         except grpc.aio.AioRpcError as e:
             if e.code() != grpc.StatusCode.INVALID_ARGUMENT or not rejected:
                 raise
             # a batch id the proxy does not know (a forged manifest): take the delivery off the stream
             log.warning("reject_ack_refused", batch_ids=rejected, error=e.details())
-            await self._ack(delivery_ids, [], [], self.durable_step)
+            await self._ack(delivery_ids, [], [], 0)
 
     async def _publish(self, manifest: pb.AdapterManifest) -> int:
         req = pb.PublishAdapterRequest(run_id=self.run_id, manifest=manifest)

@@ -88,6 +88,10 @@ class FatalError(Exception):
     """A configuration problem retrying cannot fix (bad token, bad request): the worker exits."""
 
 
+class LeaseGone(Exception):
+    """The proxy took the lease back (expired or revoked) before the rollout was completed."""
+
+
 class BatchError(Exception):
     """This batch cannot be done here; FailLease(ERROR) and move on."""
 
@@ -334,6 +338,10 @@ class Worker:
             self.stats[why] += 1
             blog.warning("lease taken back; work discarded", why=why)
             return False
+        except LeaseGone as e:
+            self.stats["lost"] += 1
+            blog.warning("lease taken back before completion; rollout discarded", reason=str(e))
+            return False
         except FatalError:
             raise
         except Exception as e:
@@ -411,6 +419,9 @@ class Worker:
             resp = await retry("CompleteLease", lambda: self.client.lease.CompleteLease(req, timeout=RPC_TIMEOUT_S),
                                retryable, RPC_TIMEOUT_S + 1)
         except grpc.aio.AioRpcError as e:
+            if e.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND):
+                # expired or revoked while we uploaded: the batch is already back in the queue
+                raise LeaseGone(e.details() or e.code().name) from e
             raise BatchError(f"the proxy refused the rollout: {describe_rpc_error(e)}") from e
         return resp.duplicate
 
