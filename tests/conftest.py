@@ -59,3 +59,23 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def token_proxy(redis_url):
+    """A real proxy (grpc.aio, in a background thread) that demands proxy_support.PROXY_TOKEN."""
+    from proxy_support import PROXY_TOKEN, BackgroundProxy
+
+    proxy = BackgroundProxy(redis_url, token=PROXY_TOKEN)
+    yield proxy
+    proxy.close()
+
+
+@pytest.fixture(scope="module")
+def proxy_client(token_proxy):
+    """A blocking client of token_proxy that sends the token."""
+    from proxy_support import PROXY_TOKEN, SyncClient
+
+    c = SyncClient(token_proxy.target, PROXY_TOKEN)
+    yield c
+    c.close()

@@ -22,6 +22,8 @@ from brigade.v1 import brigade_pb2 as pb
 from brigade.v1 import brigade_pb2_grpc as pbg
 from brigade_proxy.server import ProxyServer, start_server
 
+PROXY_TOKEN = "test-proxy-token"  # what the shared token_proxy fixture demands
+
 
 def new_run_id(prefix: str = "t") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:12]}"

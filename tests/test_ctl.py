@@ -11,7 +11,7 @@ import time
 
 import pytest
 from proxy_support import (
-    BackgroundProxy,
+    PROXY_TOKEN,
     SyncClient,
     adapter_manifest,
     make_prompts,
@@ -26,20 +26,13 @@ from brigade.ctl import app
 from brigade.devservers import free_port
 from brigade.v1 import brigade_pb2 as pb
 
-TOKEN = "ctl-token"
+TOKEN = PROXY_TOKEN
 
 
 @pytest.fixture(scope="module")
-def bg(redis_url):
-    proxy = BackgroundProxy(redis_url, token=TOKEN)
-    yield proxy
-    proxy.close()
-
-
-@pytest.fixture(scope="module")
-def run(bg):
+def run(token_proxy):
     """A run with something in every table."""
-    c = SyncClient(bg.target, TOKEN)
+    c = SyncClient(token_proxy.target, TOKEN)
     md = c.metadata
     run = new_run_id("ctl")
     c.runs.CreateRun(pb.CreateRunRequest(spec=make_spec(run, staleness={"max_attempts": 1, "max_staleness": 5}),
@@ -58,84 +51,84 @@ def run(bg):
                                                 metrics_json='{"loss": 0.125, "reward_mean": 0.5, "note": "x"}'),
                           metadata=md)
     c.learner.PublishAdapter(pb.PublishAdapterRequest(run_id=run, manifest=adapter_manifest(run, 1)), metadata=md)
-    bg.call(bg.queue.redis.hset(keys.RunKeys(run).evals, "1", '{"accuracy": 0.75}'))
+    token_proxy.call(token_proxy.queue.redis.hset(keys.RunKeys(run).evals, "1", '{"accuracy": 0.75}'))
     c.close()
     return run
 
 
-def ctl(bg, *args: str, token: str = TOKEN):
-    result = CliRunner().invoke(app, [*args, "--proxy", bg.target, "--token", token], catch_exceptions=False)
+def ctl(token_proxy, *args: str, token: str = TOKEN):
+    result = CliRunner().invoke(app, [*args, "--proxy", token_proxy.target, "--token", token], catch_exceptions=False)
     return result
 
 
-def test_status(bg, run):
-    out = ctl(bg, "status", "--run", run)
+def test_status(token_proxy, run):
+    out = ctl(token_proxy, "status", "--run", run)
     assert out.exit_code == 0, out.output
     text = out.stdout
     assert run in text and "adapter version        1" in text and "learner step           1" in text
     assert "dead-lettered          1" in text and "consumed               1" in text
-    data = json.loads(ctl(bg, "status", "--run", run, "--json").stdout)
+    data = json.loads(ctl(token_proxy, "status", "--run", run, "--json").stdout)
     assert data["spec"]["run_id"] == run and data["latest_version"] == "1" and data["leased"] == "1"
 
 
-def test_runs(bg, run):
-    out = ctl(bg, "runs")
+def test_runs(token_proxy, run):
+    out = ctl(token_proxy, "runs")
     assert out.exit_code == 0 and out.stdout.splitlines()[0].split()[:3] == ["RUN", "VERSION", "STEP"]
     assert any(line.startswith(run) for line in out.stdout.splitlines())
-    assert run in [r["spec"]["run_id"] for r in json.loads(ctl(bg, "runs", "--json").stdout)]
+    assert run in [r["spec"]["run_id"] for r in json.loads(ctl(token_proxy, "runs", "--json").stdout)]
 
 
-def test_leases(bg, run):
-    out = ctl(bg, "leases", "--run", run)
+def test_leases(token_proxy, run):
+    out = ctl(token_proxy, "leases", "--run", run)
     header, rule, *rows = out.stdout.splitlines()
     assert header.split()[:4] == ["LEASE", "BATCH", "WORKER", "VERSION"] and set(rule) <= {"-", " "}
     assert len(rows) == 1 and "worker-c" in rows[0] and "in " in rows[0]
-    (lease,) = json.loads(ctl(bg, "leases", "--run", run, "--json").stdout)
+    (lease,) = json.loads(ctl(token_proxy, "leases", "--run", run, "--json").stdout)
     assert lease["worker_id"] == "worker-c" and lease["attempt"] == 1
 
 
-def test_workers(bg, run):
-    out = ctl(bg, "workers", "--run", run)
+def test_workers(token_proxy, run):
+    out = ctl(token_proxy, "workers", "--run", run)
     lines = out.stdout.splitlines()
     assert lines[0].split() == ["WORKER", "CLASS", "ENGINE", "$/H", "GRANTED", "COMPLETED", "LAST", "SEEN"]
     assert len(lines) == 5 and all("spot" in line and "ago" in line for line in lines[2:])
-    workers = {w["worker_id"]: w for w in json.loads(ctl(bg, "workers", "--run", run, "--json").stdout)}
+    workers = {w["worker_id"]: w for w in json.loads(ctl(token_proxy, "workers", "--run", run, "--json").stdout)}
     assert workers["worker-a"]["leases_completed"] == "1" and workers["worker-b"]["leases_granted"] == "1"
 
 
-def test_adapters(bg, run):
-    out = ctl(bg, "adapters", "--run", run)
+def test_adapters(token_proxy, run):
+    out = ctl(token_proxy, "adapters", "--run", run)
     assert "accuracy=0.75" in out.stdout and keys.adapter_prefix(run, 1) in out.stdout
-    (a,) = json.loads(ctl(bg, "adapters", "--run", run, "--json").stdout)
+    (a,) = json.loads(ctl(token_proxy, "adapters", "--run", run, "--json").stdout)
     assert a["version"] == "1" and a["eval"] == {"accuracy": 0.75}
 
 
-def test_deadletters(bg, run):
-    out = ctl(bg, "deadletters", "--run", run)
+def test_deadletters(token_proxy, run):
+    out = ctl(token_proxy, "deadletters", "--run", run)
     assert "reward crashed" in out.stdout and "worker-b" in out.stdout
-    (d,) = json.loads(ctl(bg, "deadletters", "--run", run, "--json").stdout)
+    (d,) = json.loads(ctl(token_proxy, "deadletters", "--run", run, "--json").stdout)
     assert d["last_worker"] == "worker-b" and d["attempts"] == 1
 
 
-def test_metrics(bg, run):
-    out = ctl(bg, "metrics", "--run", run)
+def test_metrics(token_proxy, run):
+    out = ctl(token_proxy, "metrics", "--run", run)
     header, _, row = out.stdout.splitlines()
     assert header.split() == ["STEP", "LOSS", "REWARD_MEAN"] and row.split() == ["1", "0.125", "0.5"]
-    assert json.loads(ctl(bg, "metrics", "--run", run, "--json").stdout) == [
+    assert json.loads(ctl(token_proxy, "metrics", "--run", run, "--json").stdout) == [
         {"step": 1, "metrics": {"loss": 0.125, "reward_mean": 0.5, "note": "x"}}]
 
 
-def test_empty_tables(bg):
-    c = SyncClient(bg.target, TOKEN)
+def test_empty_tables(token_proxy):
+    c = SyncClient(token_proxy.target, TOKEN)
     run = new_run_id("ctl")
     c.runs.CreateRun(pb.CreateRunRequest(spec=make_spec(run), prompts=make_prompts(2)), metadata=c.metadata)
     c.close()
     for cmd, text in [("leases", "(no leases in flight)"), ("workers", "(no workers yet)"),
                       ("adapters", "(no adapters published yet)"), ("deadletters", "(no dead letters)"),
                       ("metrics", "(no metrics yet)")]:
-        out = ctl(bg, cmd, "--run", run)
+        out = ctl(token_proxy, cmd, "--run", run)
         assert out.exit_code == 0 and out.stdout.strip() == text
-        assert json.loads(ctl(bg, cmd, "--run", run, "--json").stdout) == []
+        assert json.loads(ctl(token_proxy, cmd, "--run", run, "--json").stdout) == []
 
 
 def one_line_error(result) -> str:
@@ -145,27 +138,27 @@ def one_line_error(result) -> str:
     return lines[0]
 
 
-def test_errors_are_one_line(bg, run):
-    line = one_line_error(ctl(bg, "status", "--run", "no-such-run"))
+def test_errors_are_one_line(token_proxy, run):
+    line = one_line_error(ctl(token_proxy, "status", "--run", "no-such-run"))
     assert line.startswith("brigade ctl: NOT_FOUND: no run 'no-such-run'") and run in line
-    line = one_line_error(ctl(bg, "status", "--run", run, token="wrong"))
+    line = one_line_error(ctl(token_proxy, "status", "--run", run, token="wrong"))
     assert "refused the token" in line and "BRIGADE_TOKEN" in line
     for cmd in ("status", "runs", "leases", "workers", "adapters", "deadletters", "metrics", "watch"):
         result = CliRunner().invoke(app, [cmd, "--proxy", f"127.0.0.1:{free_port()}"], catch_exceptions=False)
         line = one_line_error(result)
         assert line.startswith("brigade ctl: cannot reach the proxy at 127.0.0.1:") and "BRIGADE_PROXY" in line
-    line = one_line_error(CliRunner().invoke(app, ["status", "--proxy", bg.target, "--tls-ca", "/nonexistent/ca.pem"]))
+    line = one_line_error(CliRunner().invoke(app, ["status", "--proxy", token_proxy.target, "--tls-ca", "/nonexistent/ca.pem"]))
     assert "/nonexistent/ca.pem" in line
 
 
-def test_watch_tails_until_ctrl_c(bg, run):
-    env = dict(os.environ, BRIGADE_PROXY=bg.target, BRIGADE_TOKEN=TOKEN, BRIGADE_RUN=run)
+def test_watch_tails_until_ctrl_c(token_proxy, run):
+    env = dict(os.environ, BRIGADE_PROXY=token_proxy.target, BRIGADE_TOKEN=TOKEN, BRIGADE_RUN=run)
     proc = subprocess.Popen([sys.executable, "-m", "brigade.cli", "ctl", "watch", "--from-start", "--json"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         events = [json.loads(proc.stdout.readline()) for _ in range(4)]
         assert [e["type"] for e in events[:2]] == ["RunCreated", "WorkerSeen"]
-        c = SyncClient(bg.target, TOKEN)  # a new event arrives while watching
+        c = SyncClient(token_proxy.target, TOKEN)  # a new event arrives while watching
         c.lease.AcquireLease(pb.AcquireLeaseRequest(run_id=run, worker_id="late-worker"), metadata=c.metadata)
         c.close()
         deadline = time.monotonic() + 10
@@ -184,8 +177,8 @@ def test_watch_tails_until_ctrl_c(bg, run):
             proc.wait()
 
 
-def test_watch_table_format(bg, run):
-    env = dict(os.environ, BRIGADE_PROXY=bg.target, BRIGADE_TOKEN=TOKEN)
+def test_watch_table_format(token_proxy, run):
+    env = dict(os.environ, BRIGADE_PROXY=token_proxy.target, BRIGADE_TOKEN=TOKEN)
     proc = subprocess.Popen([sys.executable, "-m", "brigade.cli", "ctl", "watch", "--run", run, "--from-start"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

@@ -29,13 +29,20 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from proxy_support import BackgroundProxy, SyncClient, make_prompts, make_spec, manifest_for, new_run_id
+from proxy_support import (
+    PROXY_TOKEN,
+    SyncClient,
+    make_prompts,
+    make_spec,
+    manifest_for,
+    new_run_id,
+)
 
 from brigade import adapters, keys
 from brigade.rpc import MAX_MESSAGE_BYTES
 from brigade.v1 import brigade_pb2 as pb
 
-TOKEN = "hostile-extra-token"
+TOKEN = PROXY_TOKEN
 REFUSALS = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
             grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.ALREADY_EXISTS}
 WAITING = {grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}  # a long poll or a stream that parsed
@@ -46,23 +53,9 @@ METHODS = [(service.full_name, method) for service in pb.DESCRIPTOR.services_by_
 
 
 @pytest.fixture(scope="module")
-def bg(redis_url):
-    proxy = BackgroundProxy(redis_url, token=TOKEN)
-    yield proxy
-    proxy.close()
-
-
-@pytest.fixture(scope="module")
-def client(bg):
-    c = SyncClient(bg.target, TOKEN)
-    yield c
-    c.close()
-
-
-@pytest.fixture(scope="module")
-def run(client):
+def run(proxy_client):
     run = new_run_id("hx")
-    client.runs.CreateRun(pb.CreateRunRequest(spec=make_spec(run), prompts=make_prompts(40)), metadata=client.metadata)
+    proxy_client.runs.CreateRun(pb.CreateRunRequest(spec=make_spec(run), prompts=make_prompts(40)), metadata=proxy_client.metadata)
     return run
 
 
@@ -87,13 +80,13 @@ def raw_call(channel: grpc.Channel, service: str, method):
     return channel.unary_unary(path, request_serializer=None, response_deserializer=None)
 
 
-def assert_serving(client: SyncClient, run: str) -> None:
-    health = health_pb2_grpc.HealthStub(client.channel)
+def assert_serving(proxy_client: SyncClient, run: str) -> None:
+    health = health_pb2_grpc.HealthStub(proxy_client.channel)
     assert health.Check(health_pb2.HealthCheckRequest(), timeout=5).status == health_pb2.HealthCheckResponse.SERVING
-    md = client.metadata
-    lease = client.lease.AcquireLease(pb.AcquireLeaseRequest(run_id=run, worker_id="honest"), metadata=md, timeout=5)
+    md = proxy_client.metadata
+    lease = proxy_client.lease.AcquireLease(pb.AcquireLeaseRequest(run_id=run, worker_id="honest"), metadata=md, timeout=5)
     if lease.granted:  # admission may be full of the fuzzers' leases; then at least the refusal is an answer
-        client.lease.FailLease(pb.FailLeaseRequest(run_id=run, lease_id=lease.lease.lease_id, worker_id="honest",
+        proxy_client.lease.FailLease(pb.FailLeaseRequest(run_id=run, lease_id=lease.lease.lease_id, worker_id="honest",
                                                    reason=pb.FailLeaseRequest.PREEMPTED), metadata=md, timeout=5)
 
 
@@ -142,21 +135,21 @@ def mutated(draw, base: bytes) -> bytes:
 @given(data=st.data())
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                   HealthCheck.too_slow])
-def test_random_and_mutated_bytes_to_every_rpc(client, run, data):
+def test_random_and_mutated_bytes_to_every_rpc(proxy_client, run, data):
     """Every method of LeaseService, LearnerService and RunService (WatchRun included), plus
     health: random bytes, and valid requests with bytes flipped, cut, inserted or spliced."""
-    md = client.metadata
+    md = proxy_client.metadata
     for service, method in METHODS:
-        call = raw_call(client.channel, service, method)
+        call = raw_call(proxy_client.channel, service, method)
         payload = data.draw(st.one_of(st.binary(max_size=300), mutated(valid_request(run, method))),
                             label=method.name)
         code = status_of(call, payload, metadata=md, timeout=2)
         allowed = REFUSALS | (WAITING if method.name in ("WatchRun", "PullRollouts") else set())
         assert code in allowed, (method.name, payload, code)
-    check = client.channel.unary_unary("/grpc.health.v1.Health/Check", request_serializer=None,
+    check = proxy_client.channel.unary_unary("/grpc.health.v1.Health/Check", request_serializer=None,
                                        response_deserializer=None)
     status_of(check, data.draw(st.binary(max_size=64)), timeout=2)  # grpc's own service: any answer, no crash
-    assert_serving(client, run)
+    assert_serving(proxy_client, run)
 
 
 # protobuf wire data that is broken in each way a parser can be fooled
@@ -181,19 +174,19 @@ MALFORMED = {
 
 
 @pytest.mark.parametrize("case", sorted(MALFORMED))
-def test_malformed_wire_data_to_every_rpc(client, run, case):
-    md = client.metadata
+def test_malformed_wire_data_to_every_rpc(proxy_client, run, case):
+    md = proxy_client.metadata
     for service, method in METHODS:
-        code = status_of(raw_call(client.channel, service, method), MALFORMED[case], metadata=md, timeout=2)
+        code = status_of(raw_call(proxy_client.channel, service, method), MALFORMED[case], metadata=md, timeout=2)
         allowed = REFUSALS | (WAITING if method.name in ("WatchRun", "PullRollouts") else set())
         assert code in allowed, (method.name, case, code)
-    assert_serving(client, run)
+    assert_serving(proxy_client, run)
 
 
-def test_oversized_messages_to_each_service(bg, client, run):
+def test_oversized_messages_to_each_service(token_proxy, proxy_client, run):
     """Just over the 32 MiB limit (an unknown length-delimited field, so the bytes are valid
     protobuf): refused before any handler runs, with the token and without."""
-    big = grpc.insecure_channel(bg.target, options=[("grpc.max_send_message_length", 2 * MAX_MESSAGE_BYTES),
+    big = grpc.insecure_channel(token_proxy.target, options=[("grpc.max_send_message_length", 2 * MAX_MESSAGE_BYTES),
                                                     ("grpc.max_receive_message_length", 2 * MAX_MESSAGE_BYTES)])
     size = MAX_MESSAGE_BYTES + 1024
     payload = b"\xfa\xff\x03" + _varint(size) + b"\x00" * size   # field 65535, wire type 2
@@ -203,13 +196,13 @@ def test_oversized_messages_to_each_service(bg, client, run):
             service, method = name.split(".")
             descriptor = pb.DESCRIPTOR.services_by_name[service].methods_by_name[method]
             call = raw_call(big, f"brigade.v1.{service}", descriptor)
-            assert status_of(call, payload, metadata=client.metadata, timeout=60) == \
+            assert status_of(call, payload, metadata=proxy_client.metadata, timeout=60) == \
                 grpc.StatusCode.RESOURCE_EXHAUSTED, name
             assert status_of(call, payload, timeout=60) in {grpc.StatusCode.RESOURCE_EXHAUSTED,
                                                             grpc.StatusCode.UNAUTHENTICATED}, name
     finally:
         big.close()
-    assert_serving(client, run)
+    assert_serving(proxy_client, run)
 
 
 def _varint(n: int) -> bytes:
@@ -222,8 +215,8 @@ def _varint(n: int) -> bytes:
             return bytes(out)
 
 
-def test_tokens_that_almost_match_are_refused(bg, run):
-    channel = grpc.insecure_channel(bg.target)
+def test_tokens_that_almost_match_are_refused(token_proxy, run):
+    channel = grpc.insecure_channel(token_proxy.target)
     get_run = channel.unary_unary("/brigade.v1.RunService/GetRun", request_serializer=pb.RunRef.SerializeToString,
                                   response_deserializer=pb.RunState.FromString)
     near_misses = [f"bearer {TOKEN}", f"Bearer  {TOKEN}", f"Bearer {TOKEN} ", f" Bearer {TOKEN}", TOKEN,
@@ -244,13 +237,13 @@ def test_tokens_that_almost_match_are_refused(bg, run):
         channel.close()
 
 
-def test_manifests_pointing_outside_the_run_are_refused(client, run):
+def test_manifests_pointing_outside_the_run_are_refused(proxy_client, run):
     """What test_proxy.py does not try already: traversal, other buckets, other attempts, a text
     sidecar elsewhere, a manifest of another run. The lease stays the worker's throughout."""
-    md = client.metadata
+    md = proxy_client.metadata
     other = new_run_id("victim")
-    client.runs.CreateRun(pb.CreateRunRequest(spec=make_spec(other), prompts=make_prompts(4)), metadata=md)
-    lease = client.lease.AcquireLease(pb.AcquireLeaseRequest(run_id=run, worker_id="mallory"), metadata=md).lease
+    proxy_client.runs.CreateRun(pb.CreateRunRequest(spec=make_spec(other), prompts=make_prompts(4)), metadata=md)
+    lease = proxy_client.lease.AcquireLease(pb.AcquireLeaseRequest(run_id=run, worker_id="mallory"), metadata=md).lease
     b, a = lease.batch.batch_id, lease.attempt
     good = manifest_for(run, lease, "mallory")
     bad_uris = [
@@ -275,17 +268,17 @@ def test_manifests_pointing_outside_the_run_are_refused(client, run):
         for k, v in change.items():
             setattr(m, k, v)
         req = pb.CompleteLeaseRequest(run_id=run, lease_id=lease.lease_id, worker_id="mallory", manifest=m)
-        assert status_of(client.lease.CompleteLease, req, metadata=md) == grpc.StatusCode.INVALID_ARGUMENT, change
+        assert status_of(proxy_client.lease.CompleteLease, req, metadata=md) == grpc.StatusCode.INVALID_ARGUMENT, change
     # the same lease for the victim run: the run does not know this lease
     m = manifest_for(other, lease, "mallory")
     req = pb.CompleteLeaseRequest(run_id=other, lease_id=lease.lease_id, worker_id="mallory", manifest=m)
-    assert status_of(client.lease.CompleteLease, req, metadata=md) in {grpc.StatusCode.INVALID_ARGUMENT,
+    assert status_of(proxy_client.lease.CompleteLease, req, metadata=md) in {grpc.StatusCode.INVALID_ARGUMENT,
                                                                       grpc.StatusCode.NOT_FOUND}
     # the lease was never disturbed: heartbeat OK, the honest completion lands once
-    beat = client.lease.Heartbeat(pb.HeartbeatRequest(run_id=run, lease_id=lease.lease_id, worker_id="mallory"),
+    beat = proxy_client.lease.Heartbeat(pb.HeartbeatRequest(run_id=run, lease_id=lease.lease_id, worker_id="mallory"),
                                   metadata=md)
     assert beat.status == pb.HeartbeatResponse.OK
-    done = client.lease.CompleteLease(pb.CompleteLeaseRequest(run_id=run, lease_id=lease.lease_id,
+    done = proxy_client.lease.CompleteLease(pb.CompleteLeaseRequest(run_id=run, lease_id=lease.lease_id,
                                                               worker_id="mallory", manifest=good), metadata=md)
     assert not done.duplicate
 
@@ -295,10 +288,10 @@ def test_manifests_pointing_outside_the_run_are_refused(client, run):
                 f"runs/{other}/adapters/v00000001/",
                 f"file:///etc/runs/{run}/adapters/v0000001/"):
         m = pb.AdapterManifest(run_id=run, version=1, step=1, uri=uri, payload="bf16")
-        code = status_of(client.learner.PublishAdapter, pb.PublishAdapterRequest(run_id=run, manifest=m), metadata=md)
+        code = status_of(proxy_client.learner.PublishAdapter, pb.PublishAdapterRequest(run_id=run, manifest=m), metadata=md)
         assert code == grpc.StatusCode.INVALID_ARGUMENT, uri
     m = pb.AdapterManifest(run_id=other, version=1, step=1, uri=keys.adapter_prefix(other, 1), payload="bf16")
-    assert status_of(client.learner.PublishAdapter, pb.PublishAdapterRequest(run_id=run, manifest=m),
+    assert status_of(proxy_client.learner.PublishAdapter, pb.PublishAdapterRequest(run_id=run, manifest=m),
                      metadata=md) == grpc.StatusCode.INVALID_ARGUMENT
 
 
@@ -335,14 +328,14 @@ async def _worker_on_hostile_adapter(redis_url, bucket_url, model_dir, files: di
     spec = tiny_spec(model_dir, run_id=run, staleness={"max_attempts": 1}, prompts_per_batch=2)
     server = await start_server(redis_url, "127.0.0.1:0", bucket_url=bucket_url, monitor_redis=False)
     try:
-        async with ProxyClient.connect(server.target) as client, open_bucket(bucket_url) as bucket:
-            await client.runs.CreateRun(pb.CreateRunRequest(spec=spec, prompts=demo_prompts(2)))
+        async with ProxyClient.connect(server.target) as proxy_client, open_bucket(bucket_url) as bucket:
+            await proxy_client.runs.CreateRun(pb.CreateRunRequest(spec=spec, prompts=demo_prompts(2)))
             manifest = await adapters.write_version(bucket, run, 1, 1, files, "bf16")
-            await client.learner.PublishAdapter(pb.PublishAdapterRequest(run_id=run, manifest=manifest))
+            await proxy_client.learner.PublishAdapter(pb.PublishAdapterRequest(run_id=run, manifest=manifest))
             worker = Worker(WorkerConfig(proxy=server.target, bucket=bucket_url, run=run, exit_when_finished=True))
             assert await asyncio.wait_for(worker.run(), 120) == 0
             assert worker.stats["completed"] == 0 and worker.stats["failed"] == 1
-            return list((await client.runs.ListDeadLetters(pb.RunRef(run_id=run))).dead_letters)
+            return list((await proxy_client.runs.ListDeadLetters(pb.RunRef(run_id=run))).dead_letters)
     finally:
         await server.stop(0)
 
