@@ -42,18 +42,10 @@ SUB_APPS = {
 
 for _name, _target in SERVICE_COMMANDS.items():
     _module, _func = _target.split(":")
-    try:
-        app.command(_name)(getattr(importlib.import_module(_module), _func))
-    except ModuleNotFoundError as e:  # TODO(lead): strict once every service has landed
-        if e.name != _module:
-            raise
+    app.command(_name)(getattr(importlib.import_module(_module), _func))
 for _name, _target in SUB_APPS.items():
     _module, _attr = _target.split(":")
-    try:
-        app.add_typer(getattr(importlib.import_module(_module), _attr), name=_name)
-    except ModuleNotFoundError as e:
-        if e.name != _module:
-            raise
+    app.add_typer(getattr(importlib.import_module(_module), _attr), name=_name)
 
 BENCHMARKS = ["bucket", "proxy", "learner", "rollout", "fleet", "sync-latency", "preemption"]
 
