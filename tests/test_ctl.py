@@ -110,12 +110,24 @@ def test_deadletters(token_proxy, run):
     assert d["last_worker"] == "worker-b" and d["attempts"] == 1
 
 
-def test_metrics(token_proxy, run):
+def test_metrics(token_proxy, run, redis_url):
+    import redis
+
+    from brigade.keys import RunKeys
+
+    # the evaluator's held-out score of a published version shows beside the learner's metrics
+    r = redis.Redis.from_url(redis_url)
+    version = int(r.get(RunKeys(run).adapter_latest))
+    r.hsetnx(RunKeys(run).evals, str(version), json.dumps({"version": version, "reward_mean": 0.75}))
+    stored = json.loads(r.hget(RunKeys(run).evals, str(version)))
+    r.close()
     out = ctl(token_proxy, "metrics", "--run", run)
-    header, _, row = out.stdout.splitlines()
+    header, _, row, _, eval_header, _, eval_row = out.stdout.splitlines()
     assert header.split() == ["STEP", "LOSS", "REWARD_MEAN"] and row.split() == ["1", "0.125", "0.5"]
-    assert json.loads(ctl(token_proxy, "metrics", "--run", run, "--json").stdout) == [
-        {"step": 1, "metrics": {"loss": 0.125, "reward_mean": 0.5, "note": "x"}}]
+    assert eval_header.split() == ["VERSION", "HELD-OUT", "EVALUATION"] and eval_row.split()[0] == str(version)
+    assert json.loads(ctl(token_proxy, "metrics", "--run", run, "--json").stdout) == {
+        "steps": [{"step": 1, "metrics": {"loss": 0.125, "reward_mean": 0.5, "note": "x"}}],
+        "evals": [{"version": version, "eval": stored}]}
 
 
 def test_empty_tables(token_proxy):
@@ -128,7 +140,8 @@ def test_empty_tables(token_proxy):
                       ("metrics", "(no metrics yet)")]:
         out = ctl(token_proxy, cmd, "--run", run)
         assert out.exit_code == 0 and out.stdout.strip() == text
-        assert json.loads(ctl(token_proxy, cmd, "--run", run, "--json").stdout) == []
+        empty = {"steps": [], "evals": []} if cmd == "metrics" else []
+        assert json.loads(ctl(token_proxy, cmd, "--run", run, "--json").stdout) == empty
 
 
 def one_line_error(result) -> str:

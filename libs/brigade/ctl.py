@@ -285,12 +285,18 @@ def metrics(
     tls_ca: TlsCa = "",
     as_json: AsJson = False,
 ) -> None:
-    """The learner's per-step metrics."""
-    resp = _call(proxy, token, tls_ca,
-                 lambda c: c.runs.GetMetrics(pb.GetMetricsRequest(run_id=run, last=max(0, last)), timeout=15))
+    """The learner's per-step metrics, then the evaluator's held-out scores per adapter version."""
+
+    async def both(c: ProxyClient):
+        return (await c.runs.GetMetrics(pb.GetMetricsRequest(run_id=run, last=max(0, last)), timeout=15),
+                await c.runs.ListAdapters(pb.RunRef(run_id=run), timeout=15))
+
+    resp, adapters = _call(proxy, token, tls_ca, both)
     parsed = [(s.step, _parse_json(s.metrics_json)) for s in resp.steps]
+    evals = [(a.version, _parse_json(a.eval_json)) for a in adapters.adapters if a.eval_json]
     if as_json:
-        _print_json([{"step": step, "metrics": m} for step, m in parsed])
+        _print_json({"steps": [{"step": step, "metrics": m} for step, m in parsed],
+                     "evals": [{"version": v, "eval": e} for v, e in evals]})
         return
     columns: list[str] = []
     for _, m in parsed:
@@ -300,6 +306,9 @@ def metrics(
                     columns.append(key)
     rows = [(step, *((m.get(c, "") if isinstance(m, dict) else "") for c in columns)) for step, m in parsed]
     typer.echo(table(["STEP", *(c.upper() for c in columns)], rows, "(no metrics yet)"))
+    if evals:
+        typer.echo("")
+        typer.echo(table(["VERSION", "HELD-OUT EVALUATION"], [(v, _summary(e, 100)) for v, e in evals], ""))
 
 
 @app.command()
