@@ -140,26 +140,23 @@ async def _bench(url: str, rounds: int) -> dict[str, float | int | str]:
     }
 
 
-async def run(quick: bool = False) -> dict[str, float | int | str]:
-    rounds = 3 if quick else 11
+async def with_s3(bench: Callable[[str], Awaitable[dict]]) -> dict:
+    """Run `bench(url)` against BRIGADE_BENCH_S3, else the endpoint in AWS_ENDPOINT_URL(_S3) with a
+    throwaway bucket, else a moto server started (and stopped) for the occasion."""
     url = os.environ.get("BRIGADE_BENCH_S3")
     if url:
-        return await _bench(url, rounds)
+        return await bench(url)
     name = f"brigade-bench-{uuid.uuid4().hex[:10]}"
     if os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"):
-        return await _bench(f"s3://{name}/bench", rounds)
+        return await bench(f"s3://{name}/bench")
     server = await asyncio.to_thread(start_moto)
     try:
         with _env({**MOTO_ENV, "AWS_ENDPOINT_URL": server.url}):
-            out = await _bench(f"s3://{name}/bench", rounds)
-        out["server"] = "moto"
-        return out
+            return await bench(f"s3://{name}/bench") | {"server": "moto"}
     finally:
         server.stop()
 
 
-if __name__ == "__main__":
-    import json
-    import sys
-
-    print(json.dumps(asyncio.run(run(quick="--quick" in sys.argv))))
+async def run(quick: bool = False) -> dict[str, float | int | str]:
+    rounds = 3 if quick else 11
+    return await with_s3(lambda url: _bench(url, rounds))

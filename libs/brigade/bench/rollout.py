@@ -33,8 +33,7 @@ from pathlib import Path
 import torch
 
 from brigade import adapters, keys
-from brigade.bench.bucket import _env
-from brigade.devservers import MOTO_ENV, start_moto
+from brigade.bench.bucket import with_s3
 
 LLAMA7B = dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
                num_key_value_heads=32, vocab_size=32000)
@@ -135,21 +134,6 @@ async def _adapter_bench(url: str, rounds: int) -> dict:
     }
 
 
-async def _with_s3(rounds: int) -> dict:
-    url = os.environ.get("BRIGADE_BENCH_S3")
-    if url:
-        return await _adapter_bench(url, rounds)
-    name = f"brigade-bench-{uuid.uuid4().hex[:10]}"
-    if os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"):
-        return await _adapter_bench(f"s3://{name}/bench", rounds)
-    server = await asyncio.to_thread(start_moto)
-    try:
-        with _env({**MOTO_ENV, "AWS_ENDPOINT_URL": server.url}):
-            return await _adapter_bench(f"s3://{name}/bench", rounds) | {"s3": "moto"}
-    finally:
-        server.stop()
-
-
 # ---------------------------------------------------------------- generation overhead
 
 
@@ -215,7 +199,8 @@ def _generate_bench(rounds: int, prompts_n: int = 8, group: int = 8, max_new_tok
 
 
 def run(quick: bool = False) -> dict:
-    out = asyncio.run(_with_s3(5 if quick else 11))
+    rounds = 5 if quick else 11
+    out = asyncio.run(with_s3(lambda url: _adapter_bench(url, rounds)))
     out |= _generate_bench(rounds=7 if quick else 21)
     return out
 
