@@ -345,9 +345,18 @@ class S3Bucket(Bucket):
     async def _put_object(
         self, key: str, data: bytes, kwargs: dict[str, Any], create_only: bool, s3: Any
     ) -> None:
+        await self._write(key, data, create_only, "PutObject",
+                          lambda: self._creating_bucket(lambda: s3.put_object(**kwargs)))
+
+    async def _write(
+        self, key: str, data: bytes, create_only: bool, op: str, call: Callable[[], Awaitable[Any]]
+    ) -> None:
+        """The request that makes an object visible (PutObject, CompleteMultipartUpload): a
+        transient 409 on a create-only write is retried; a 412, or a 409 that persists, means the
+        key exists (or holds our own earlier attempt)."""
         for attempt in range(_CONFLICT_RETRIES + 1):
             try:
-                await self._creating_bucket(lambda: s3.put_object(**kwargs))
+                await call()
                 return
             except ClientError as e:
                 if create_only and _is_conflict(e) and attempt < _CONFLICT_RETRIES:
@@ -356,9 +365,9 @@ class S3Bucket(Bucket):
                 if create_only and (_is_precondition(e) or _is_conflict(e)):
                     await self._raise_exists(key, data, e)
                     return  # an echo of our own earlier attempt: it is stored
-                raise self._error(e, key, "PutObject") from e
+                raise self._error(e, key, op) from e
             except _TRANSPORT_ERRORS as e:
-                raise self._error(e, key, "PutObject") from e
+                raise self._error(e, key, op) from e
 
     async def _raise_exists(self, key: str, data: bytes, e: ClientError) -> None:
         """Raise AlreadyExists for a failed create-only write, unless the failure is an echo
@@ -445,20 +454,8 @@ class S3Bucket(Bucket):
             # The object only becomes visible at completion, so that is where the
             # create-only condition belongs (parts of a losing upload are aborted).
             kwargs["IfNoneMatch"] = "*"
-        for attempt in range(_CONFLICT_RETRIES + 1):
-            try:
-                await s3.complete_multipart_upload(**kwargs)
-                return
-            except ClientError as e:
-                if create_only and _is_conflict(e) and attempt < _CONFLICT_RETRIES:
-                    await asyncio.sleep(0.05 * 2**attempt)
-                    continue
-                if create_only and (_is_precondition(e) or _is_conflict(e)):
-                    await self._raise_exists(key, data, e)
-                    return
-                raise self._error(e, key, "CompleteMultipartUpload") from e
-            except _TRANSPORT_ERRORS as e:
-                raise self._error(e, key, "CompleteMultipartUpload") from e
+        await self._write(key, data, create_only, "CompleteMultipartUpload",
+                          lambda: s3.complete_multipart_upload(**kwargs))
 
     # -- reads ----------------------------------------------------------------------------
 
