@@ -2,8 +2,8 @@
 truncates and corrupts bodies; a Redis restarted (from its append-only file) in the middle of a run.
 
 - Through `faulty_s3` in front of moto, each fault kind is retried until the bucket operation
-  succeeds with the right bytes, or (a torn or corrupted body) raised as an error: never returned as
-  data. The readers that matter tell the two apart: a torn read is retried, a sha256 mismatch is a
+  succeeds with the right bytes; a torn body is read again, and one that stays torn, or a corrupted
+  body, is raised as an error: never returned as data. The readers that matter tell the two apart: a torn read is retried, a sha256 mismatch is a
   CorruptObject, which the learner's ingest turns into a rejection with reason `corrupt`.
 - A whole run (processes, as in test_chaos) with faults on every service's S3 traffic, rollout
   objects corrupted in flight, and Redis restarted mid-run: no service exits, the run completes,
@@ -25,7 +25,7 @@ from faulty_s3 import Faults, start_in_thread
 
 from brigade import keys
 from brigade.bucket import BucketError, CorruptObject, sha256_hex
-from brigade.bucket.s3 import S3Bucket
+from brigade.bucket.s3 import READ_ATTEMPTS, S3Bucket
 from brigade.v1 import brigade_pb2 as pb
 
 pytestmark = pytest.mark.timeout(420)
@@ -74,26 +74,32 @@ def test_transient_faults_are_retried_until_the_operation_succeeds(faulty, kind)
     assert faulty.stats[kind] == 10
 
 
-def test_a_truncated_body_is_an_error_and_a_retry_reads_it_whole(faulty):
-    """The headers promise N bytes, the connection dies after N/2: a BucketError (never short data,
-    never a CorruptObject, so nobody rejects a good object for it), and the worker's retry reads it."""
+@pytest.mark.parametrize("size", [300, 300_000])  # small bodies are read inside get_object, big ones after it
+def test_a_truncated_body_is_read_again_and_a_lasting_one_is_an_error(faulty, size):
+    """The headers promise N bytes, the connection dies after N/2: the bucket reads the object again.
+    When every read is torn: a BucketError (never short data, never a CorruptObject, so nobody rejects
+    a good object for it), and the worker's retry reads it once the connection heals."""
     from brigade_rollout.worker import bucket_retryable, retry
 
-    data = os.urandom(300_000)
+    data = os.urandom(size)
 
     async def go(bucket):
         sha = await bucket.put_new("r/x.bin", data)
         faulty.faults.only_methods = ("GET",)
-        faulty.faults.force = ["truncate"]
+        faulty.faults.force = ["truncate"] * (READ_ATTEMPTS - 1)
+        assert await bucket.get("r/x.bin", sha256=sha) == data
+        assert faulty.faults.force == []
+        faulty.faults.force = ["truncate"] * READ_ATTEMPTS
         with pytest.raises(BucketError) as info:
             await bucket.get("r/x.bin", sha256=sha)
         assert not isinstance(info.value, CorruptObject)
-        faulty.faults.force = ["truncate", "truncate"]
+        assert "truncat" in str(info.value).lower() or "payload" in str(info.value).lower(), info.value
+        faulty.faults.force = ["truncate"] * (READ_ATTEMPTS + 1)
         got = await retry("get", lambda: bucket.get("r/x.bin", sha256=sha), bucket_retryable, 30)
         assert got == data and faulty.faults.force == []
 
     asyncio.run(_through(faulty, go))
-    assert faulty.stats["truncate"] == 3
+    assert faulty.stats["truncate"] == 3 * READ_ATTEMPTS  # (R-1) + R + (R+1)
 
 
 def test_corrupted_rollout_bytes_are_caught_by_sha256_and_rejected(faulty):
@@ -129,7 +135,7 @@ def test_corrupted_rollout_bytes_are_caught_by_sha256_and_rejected(faulty):
             await ingest.fetch(bucket, pulled, run, 32)
         assert info.value.reason == ingest.CORRUPT and "sha256" in info.value.detail
         faulty.faults.corrupt_rate = 0.0
-        faulty.faults.force = ["truncate"]
+        faulty.faults.force = ["truncate"] * READ_ATTEMPTS
         with pytest.raises(BucketError) as torn:
             await ingest.fetch(bucket, pulled, run, 32)
         assert not isinstance(torn.value, CorruptObject)

@@ -50,6 +50,12 @@ _CONFLICT_RETRIES = 4
 # Errors a transfer can surface after botocore's own retries gave up.
 _TRANSPORT_ERRORS = (BotoCoreError, aiohttp.ClientError, asyncio.TimeoutError, OSError)
 
+READ_ATTEMPTS = 3  # reads of one object, when a body arrives cut short
+
+
+class _TornRead(Exception):
+    """A GET whose body arrived incomplete; `get` reads again, then raises BucketError."""
+
 
 def _code(e: ClientError) -> str:
     return str(e.response.get("Error", {}).get("Code", ""))
@@ -141,6 +147,7 @@ class S3Bucket(Bucket):
     1.6x faster than 5 x 8 MiB parts against moto (a single-process server gains nothing
     from parallel parts); checkpoints (adapter + optimizer state) go multipart.
     endpoint_url / region: override AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL and AWS_REGION.
+    read_attempts: how many times `get` reads an object whose body arrives cut short.
     """
 
     def __init__(
@@ -153,6 +160,7 @@ class S3Bucket(Bucket):
         max_concurrency: int = 4,
         endpoint_url: str | None = None,
         region: str | None = None,
+        read_attempts: int = READ_ATTEMPTS,
     ) -> None:
         parts = urlsplit(url)
         if parts.scheme != "s3" or not parts.netloc:
@@ -165,6 +173,7 @@ class S3Bucket(Bucket):
         self.multipart_threshold = max(multipart_threshold, part_size)
         self.part_size = part_size
         self.max_concurrency = max(1, max_concurrency)
+        self.read_attempts = max(1, read_attempts)
         self._endpoint_url = endpoint_url
         self._region = region
         self._client: Any = None
@@ -463,11 +472,28 @@ class S3Bucket(Bucket):
         s3 = await self._s3()
         try:
             return await s3.get_object(Bucket=self.name, Key=self._full(key))
+        except aiohttp.ClientPayloadError as e:
+            # the body of a small object is read inside get_object; cut short, it lands here
+            raise _TornRead(f"GetObject: {type(e).__name__}: {e}") from e
         except (ClientError, *_TRANSPORT_ERRORS) as e:
             raise self._error(e, key, "GetObject") from e
 
     async def get(self, key: str, sha256: str | None = None) -> bytes:
+        """The object's bytes. A torn read (connection dropped mid-body, fewer bytes than promised)
+        is read again, READ_ATTEMPTS in all: botocore retries failed requests, not bodies cut short,
+        and a caller should not have to tell an outage from one bad connection. A sha256 mismatch
+        is not retried: it is CorruptObject, an answer."""
         check_key(key)
+        for attempt in range(1, self.read_attempts + 1):
+            try:
+                return await self._get_once(key, sha256)
+            except _TornRead as e:
+                if attempt == self.read_attempts:
+                    raise BucketError(f"{e} (read {attempt} times)", key=key, uri=self.url(key)) from e.__cause__
+                await asyncio.sleep(0.1 * 2 ** (attempt - 1))
+        raise AssertionError("unreachable")
+
+    async def _get_once(self, key: str, sha256: str | None) -> bytes:
         resp = await self._open(key)
         body = resp["Body"]
         # aiohttp's readany() hands over each received buffer as is; read(n) would copy to
@@ -487,12 +513,12 @@ class S3Bucket(Bucket):
                         hasher.update(chunk)
             expected = resp.get("ContentLength")
             if expected is not None and total != expected:
-                raise BucketError(f"truncated read: {total} of {expected} bytes", key=key, uri=self.url(key))
+                raise _TornRead(f"GetObject: truncated read: {total} of {expected} bytes")
         except BaseException as e:
             if hasher is not None:
                 hasher.cancel()
             if isinstance(e, _TRANSPORT_ERRORS):
-                raise self._error(e, key, "GetObject (reading body)") from e
+                raise _TornRead(f"GetObject (reading body): {type(e).__name__}: {e}") from e
             raise
         data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         if hasher is not None:
@@ -501,7 +527,10 @@ class S3Bucket(Bucket):
 
     async def stream(self, key: str, chunk_size: int = CHUNK_SIZE) -> AsyncIterator[bytes]:
         check_key(key)
-        body = (await self._open(key))["Body"]
+        try:
+            body = (await self._open(key))["Body"]
+        except _TornRead as e:  # streams are read once: chunks already handed over cannot be taken back
+            raise BucketError(str(e), key=key, uri=self.url(key)) from e.__cause__
         try:
             async with body:
                 while chunk := await body.read(chunk_size):
