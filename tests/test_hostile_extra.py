@@ -237,13 +237,17 @@ def test_tokens_that_almost_match_are_refused(token_proxy, run):
         channel.close()
 
 
-def test_manifests_pointing_outside_the_run_are_refused(proxy_client, run):
+def test_manifests_pointing_outside_the_run_are_refused(proxy_client):
     """What test_proxy.py does not try already: traversal, other buckets, other attempts, a text
     sidecar elsewhere, a manifest of another run. The lease stays the worker's throughout."""
     md = proxy_client.metadata
-    other = new_run_id("victim")
-    proxy_client.runs.CreateRun(pb.CreateRunRequest(spec=make_spec(other), prompts=make_prompts(4)), metadata=md)
-    lease = proxy_client.lease.AcquireLease(pb.AcquireLeaseRequest(run_id=run, worker_id="mallory"), metadata=md).lease
+    # runs of its own: the module's shared run may be at its admission limit after the fuzzers
+    run, other = new_run_id("mallory"), new_run_id("victim")
+    for r in (run, other):
+        proxy_client.runs.CreateRun(pb.CreateRunRequest(spec=make_spec(r), prompts=make_prompts(4)), metadata=md)
+    grant = proxy_client.lease.AcquireLease(pb.AcquireLeaseRequest(run_id=run, worker_id="mallory"), metadata=md)
+    assert grant.granted, grant
+    lease = grant.lease
     b, a = lease.batch.batch_id, lease.attempt
     good = manifest_for(run, lease, "mallory")
     bad_uris = [
