@@ -7,9 +7,8 @@ import pytest
 
 from brigade.bench import rollout as bench
 
-pytestmark = pytest.mark.asyncio(loop_scope="session")
 
-
+@pytest.mark.asyncio(loop_scope="session")
 async def test_adapter_half(s3_bucket_url):
     out = await bench._adapter_bench(s3_bucket_url, rounds=1)
     assert out["adapter_params_m"] == pytest.approx(16.8, abs=0.1)   # rank 16 x q/k/v/o x 32 layers of 4096

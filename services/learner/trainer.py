@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 import warnings
 from dataclasses import dataclass
@@ -161,7 +162,7 @@ class Trainer:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         with warnings.catch_warnings():  # torch warns when a step is skipped; that is the point here
-            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
+            warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()`"))
             self.scheduler.step()  # the schedule follows the step count even when an update is skipped
 
         train_s = time.perf_counter() - t0
