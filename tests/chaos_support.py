@@ -226,8 +226,9 @@ class System:
         self.watcher.start()
         self.spawn("janitor", ["janitor", "--redis-url", self.redis.url, "--interval", str(self.janitor_interval),
                                "--lock-ttl-ms", "2000"])
+        # every checkpoint is kept: the audit reads the learner's whole lineage from them
         self.spawn("learner", ["learner", "--proxy", self.proxy_addr, "--bucket", self.bucket_url, "--run", self.run,
-                               "--spec", str(spec_path)])
+                               "--spec", str(spec_path), "--keep-checkpoints", "0"])
         for i in range(self.n_workers):
             self.start_worker(i)
 

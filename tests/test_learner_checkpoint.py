@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load as st_load
 
 from brigade import adapters, keys
-from brigade.bucket import open_bucket
+from brigade.bucket import BucketError, open_bucket
 from brigade_learner import checkpoint
 from brigade_learner.checkpoint import LearnerState
 from brigade_learner.synthetic import build_tiny_model, make_rollout, tiny_spec
@@ -124,6 +124,52 @@ async def test_incomplete_and_damaged_checkpoints_are_ignored(model_dir, file_bu
         # a complete checkpoint is never overwritten with different content
         with pytest.raises(checkpoint.CheckpointError, match="never overwritten"):
             await checkpoint.save(bucket, "tiny", 2, checkpoint.encode(t, LearnerState(step=2, version=5)))
+
+
+class _DeleteFailsOnce:
+    """A real bucket whose Nth delete fails, as an outage in the middle of a prune would."""
+
+    def __init__(self, bucket, fail_at: int):
+        self.bucket, self.fail_at, self.deletes = bucket, fail_at, 0
+
+    def __getattr__(self, name):
+        return getattr(self.bucket, name)
+
+    async def delete(self, key: str) -> None:
+        self.deletes += 1
+        if self.deletes == self.fail_at:
+            raise BucketError("injected: the bucket went away mid-prune", key=key)
+        await self.bucket.delete(key)
+
+
+@pytest.mark.parametrize("backend", ["file_bucket_url", "s3_bucket_url"])
+async def test_prune_keeps_the_newest_complete_checkpoints_and_survives_being_cut_short(request, backend):
+    names = (checkpoint.ADAPTER, checkpoint.OPTIMIZER, checkpoint.RNG, checkpoint.CONFIG, checkpoint.STATE)
+    files = {name: f"{name} bytes".encode() for name in names}  # prune reads names, never contents
+    async with open_bucket(request.getfixturevalue(backend)) as real:
+        for step in (1, 3, 4, 5, 6):
+            await checkpoint.save(real, "keep", step, {**files, checkpoint.STATE: f"step {step}".encode()})
+        await real.put(keys.checkpoint_prefix("keep", 2) + checkpoint.STATE, b"a save that crashed")
+        await real.put(keys.checkpoint_prefix("keep", 7) + checkpoint.STATE, b"a save in progress")
+        assert await checkpoint.prune(real, "keep", 0) == []          # 0 keeps everything
+        assert await checkpoint.steps(real, "keep") == [1, 2, 3, 4, 5, 6, 7]
+
+        # the bucket fails on the 2nd delete: step 1's manifest is gone, its other files are not
+        cut = _DeleteFailsOnce(real, fail_at=2)
+        with pytest.raises(BucketError):
+            await checkpoint.prune(cut, "keep", 2)
+        assert not await real.exists(keys.checkpoint_prefix("keep", 1) + checkpoint.MANIFEST)
+        assert await checkpoint.load_files(real, "keep", 1) is None   # never resumed from
+        assert (await checkpoint.latest(real, "keep"))[0] == 6
+
+        # the next prune finishes the job: older folders gone, complete or not; 7 (newer) untouched
+        assert await checkpoint.prune(cut, "keep", 2) == [1, 2, 3, 4]
+        assert await checkpoint.steps(real, "keep") == [5, 6, 7]
+        assert await real.list(keys.checkpoint_prefix("keep", 7)) == [keys.checkpoint_prefix("keep", 7) + checkpoint.STATE]
+        for step in (5, 6):
+            loaded = await checkpoint.load_files(real, "keep", step)
+            assert loaded is not None and loaded[checkpoint.STATE] == f"step {step}".encode()
+        assert await checkpoint.prune(real, "keep", 2) == []          # nothing more to do
 
 
 def test_checkpoint_files_are_safetensors_and_json_only(model_dir):

@@ -133,7 +133,7 @@ async def run_learner(addr: str, bucket_url: str, run: str, spec_path: Path, log
         env["BRIGADE_LEARNER_DIE_AT"] = die_at
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "brigade.cli", "learner", "--proxy", addr, "--bucket", bucket_url, "--run", run,
-        "--spec", str(spec_path), "--price-per-hour", "2.0", env=env, stdout=asyncio.subprocess.DEVNULL,
+        "--spec", str(spec_path), "--price-per-hour", "2.0", "--keep-checkpoints", "0", env=env, stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE)
     events = []
     with log_path.open("a") as log:
@@ -244,7 +244,8 @@ async def test_learner_survives_sigkill_anywhere(tmp_path, redis_url, file_bucke
 
 async def test_publish_and_checkpoint_every_two_steps_in_process(tmp_path, redis_url, file_bucket_url):
     """publish_every / checkpoint_every 2, int8 payload, TIS + recompute: versions still contiguous,
-    acks wait for the checkpoint, and a second learner continues where the first stopped."""
+    acks wait for the checkpoint, and a second learner continues where the first stopped; the
+    bucket keeps the newest two checkpoints."""
     from brigade_learner.learner import LearnerConfig, serve
     from brigade_proxy.server import start_server
 
@@ -258,7 +259,7 @@ async def test_publish_and_checkpoint_every_two_steps_in_process(tmp_path, redis
     stop = asyncio.Event()
     driver = asyncio.create_task(drive_workers(addr, file_bucket_url, run, model_dir, stop))
     cfg = LearnerConfig(proxy=addr, bucket=file_bucket_url, run=run, spec_path=str(spec_path), price_per_hour=1.0,
-                        pull_wait_ms=200)
+                        pull_wait_ms=200, keep_checkpoints=2)
     try:
         await asyncio.wait_for(serve(LearnerConfig(**{**cfg.__dict__, "max_steps": 4})), 90)
         async with open_bucket(file_bucket_url) as bucket:
@@ -274,7 +275,7 @@ async def test_publish_and_checkpoint_every_two_steps_in_process(tmp_path, redis
         await server.stop(0)
 
     async with open_bucket(file_bucket_url) as bucket:
-        assert await checkpoint.steps(bucket, run) == [2, 4, 6]
+        assert await checkpoint.steps(bucket, run) == [4, 6]
         manifests = [(await adapters.read_version(bucket, run, v))[0] for v in (1, 2, 3)]
         assert [m.step for m in manifests] == [2, 4, 6] and all(m.payload == "int8" for m in manifests)
         assert not await bucket.exists(keys.adapter_manifest_key(run, 4))

@@ -15,6 +15,9 @@ LearnerId = Annotated[str, typer.Option(
     help="Consumer name at the proxy; keep it stable across restarts so pending rollouts come back.")]
 PricePerHour = Annotated[float, typer.Option(
     "--price-per-hour", envvar="BRIGADE_PRICE_PER_HOUR", help="This machine's $/hour, for dollars per usable sample.")]
+KeepCheckpoints = Annotated[int, typer.Option(
+    "--keep-checkpoints", envvar="BRIGADE_KEEP_CHECKPOINTS", min=0,
+    help="Complete checkpoints kept in the bucket (the newest); older ones are deleted. 0 = keep all.")]
 MaxSteps = Annotated[int, typer.Option(
     "--max-steps", envvar="BRIGADE_MAX_STEPS", help="Stop after this many steps; -1 = the run spec's max_steps.")]
 
@@ -29,6 +32,7 @@ def learner(
     learner_id: LearnerId = "learner",
     price_per_hour: PricePerHour = 0.0,
     max_steps: MaxSteps = -1,
+    keep_checkpoints: KeepCheckpoints = 3,
     log_level: LogLevel = DEFAULTS.log_level,
 ) -> None:
     """The learner: GRPO steps on the LoRA adapter from the rollouts workers hand in.
@@ -57,7 +61,7 @@ def learner(
                 raise typer.Exit(2) from None
     cfg = LearnerConfig(proxy=proxy, token=token, tls_ca=tls_ca, bucket=bucket, run=run, spec_path=spec,
                         learner_id=learner_id, price_per_hour=price_per_hour,
-                        max_steps=None if max_steps < 0 else max_steps)
+                        max_steps=None if max_steps < 0 else max_steps, keep_checkpoints=keep_checkpoints)
     try:
         asyncio.run(serve(cfg))
     except grpc.aio.AioRpcError as e:

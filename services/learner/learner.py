@@ -26,7 +26,7 @@ import grpc
 import structlog
 
 from brigade import adapters, keys
-from brigade.bucket import AlreadyExists, Bucket, open_bucket
+from brigade.bucket import AlreadyExists, Bucket, BucketError, open_bucket
 from brigade.config import build_spec, spec_to_dict
 from brigade.rpc import ProxyClient, describe_rpc_error
 from brigade.v1 import brigade_pb2 as pb
@@ -77,6 +77,7 @@ class LearnerConfig:
     price_per_hour: float = 0.0
     max_steps: int | None = None   # None: the run spec's
     pull_wait_ms: int = 2000
+    keep_checkpoints: int = 3      # the newest complete checkpoints kept in the bucket; 0 = all
 
 
 class Learner:
@@ -241,6 +242,17 @@ class Learner:
         _maybe_die("after_ack", step)
         s.ack = {"delivery_ids": [], "consumed": [], "rejected": []}
         s.metrics = []
+        await self._prune_checkpoints()
+
+    async def _prune_checkpoints(self) -> None:
+        # after the ack: the newest checkpoint is the one a restart resumes from, whatever happens here
+        try:
+            removed = await checkpoint.prune(self.bucket, self.run_id, self.cfg.keep_checkpoints)
+        except BucketError as e:  # retention is housekeeping: the next commit tries again
+            log.warning("checkpoint_prune_failed", error=str(e)[:300])
+            return
+        if removed:
+            log.debug("checkpoints_pruned", steps=removed, keep=self.cfg.keep_checkpoints)
 
     async def _write_metrics(self, metrics: list[dict[str, Any]]) -> None:
         for m in metrics:
