@@ -216,6 +216,20 @@ async def test_missing_keys(env: Env) -> None:
     assert await b.list("metrics/") == ["metrics/step-00000002.json"]
 
 
+async def test_deleting_the_last_keys_of_a_prefix_leaves_nothing_behind(env: Env) -> None:
+    b = env.bucket
+    for key in ("ck/step-1/a.bin", "ck/step-1/deep/b.bin", "ck/step-2/a.bin"):
+        await b.put(key, b"x")
+    for key in ("ck/step-1/deep/b.bin", "ck/step-1/a.bin"):
+        await b.delete(key)
+    assert await b.list("ck/") == ["ck/step-2/a.bin"]
+    if env.kind == "file":  # no empty folders piling up on disk either (S3 has none to begin with)
+        root = Path(b.root)
+        assert not (root / "ck" / "step-1").exists() and (root / "ck" / "step-2").is_dir()
+    await b.put_new("ck/step-1/a.bin", b"again")   # the prefix can be written again
+    assert await b.get("ck/step-1/a.bin") == b"again"
+
+
 # -- corruption -------------------------------------------------------------------------
 
 

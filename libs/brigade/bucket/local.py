@@ -61,8 +61,15 @@ class LocalBucket(Bucket):
         # Unique per writer, in the same folder (rename/link must not cross filesystems).
         tmp = path.parent / f"{TEMP_MARKER}{uuid.uuid4().hex}-{path.name}"
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "xb") as f:
+            for attempt in range(3):
+                path.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    f = open(tmp, "xb")
+                    break
+                except FileNotFoundError:  # a delete removed the folder, empty, just now
+                    if attempt == 2:
+                        raise
+            with f:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
@@ -170,9 +177,19 @@ class LocalBucket(Bucket):
         try:
             await asyncio.to_thread(os.unlink, path)
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-            pass  # missing, or only a "folder" of other keys: no object of that name
+            return  # missing, or only a "folder" of other keys: no object of that name
         except OSError as e:
             raise BucketError(f"delete failed: {e}", key=key, uri=self.url(key)) from e
+        await asyncio.to_thread(self._remove_empty_folders, path.parent)
+
+    def _remove_empty_folders(self, folder: Path) -> None:
+        # S3 has no folders: a prefix whose last key is deleted is gone, and so it is here
+        while folder != self.root and self.root in folder.parents:
+            try:
+                folder.rmdir()
+            except OSError:  # not empty (or already gone): the folders above are in use too
+                return
+            folder = folder.parent
 
 
 def _fsync_dir(path: Path) -> None:
