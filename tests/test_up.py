@@ -6,26 +6,29 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 SUMMARY_KEYS = {"run", "steps", "wall_s", "samples", "rejected", "first20_reward", "last20_reward",
                 "mean_staleness", "adapter_versions"}
 
 
-def processes_using(marker: str) -> list[str]:
-    """Command lines of live processes whose environment or arguments mention `marker`."""
-    found = []
+def processes_using(marker: str) -> dict[int, str]:
+    """Command lines of live processes whose environment or arguments mention `marker`, by pid."""
+    found = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         if int(pid) == os.getpid():
             continue
         try:
             blob = Path(f"/proc/{pid}/environ").read_bytes() + Path(f"/proc/{pid}/cmdline").read_bytes()
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
         if marker.encode() in blob:
-            found.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+            found[int(pid)] = cmdline
     return found
 
 
@@ -55,4 +58,49 @@ def test_brigade_up_runs_the_demo_end_to_end(tmp_path):
     # every service wrote its log, and every process `up` started is gone
     for name in ("proxy", "janitor", "learner", "rollout-0", "rollout-1", "evaluator"):
         assert (out / "logs" / f"{name}.log").exists()
-    assert processes_using(str(out)) == []
+    assert processes_using(str(out)) == {}
+
+
+def learner_steps(log: Path) -> int:
+    steps = 0
+    for line in log.read_text(errors="replace").splitlines() if log.exists() else []:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if event.get("event") == "step":
+            steps = max(steps, int(event.get("step", 0)))
+    return steps
+
+
+def test_brigade_up_restarts_a_service_that_dies(tmp_path):
+    """SIGKILL the learner and a rollout worker mid-run: `up` starts them again, the learner resumes
+    from its checkpoint, and the run still ends with every step and every version."""
+    out = tmp_path / "run"
+    env = dict(os.environ, BRIGADE_REDIS_URL="redis://127.0.0.1:1/0")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "brigade.cli", "up", "--demo", "--run", "kill", "--max-steps", "30", "--workers", "2",
+         "--out", str(out), "--max-wall", "400", "--no-evaluator"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 300
+        while learner_steps(out / "logs" / "learner.log") < 5:
+            assert proc.poll() is None and time.monotonic() < deadline, "the run never reached step 5"
+            time.sleep(0.2)
+        ours = processes_using(str(out))
+        victims = [pid for pid, cmd in ours.items() if " learner " in cmd or "local-0" in cmd]
+        assert len(victims) == 2, ours
+        for pid in victims:
+            os.kill(pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, stderr[-3000:]
+    assert "learner exited with -9: restarting it (1/3)" in stderr, stderr[-3000:]
+    assert "rollout-0 exited with -9: restarting it (1/3)" in stderr, stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 30 and summary["adapter_versions"] == 30, summary
+    log = (out / "logs" / "learner.log").read_text()
+    assert '"event": "resumed"' in log  # the second learner continued from a checkpoint
+    assert processes_using(str(out)) == {}

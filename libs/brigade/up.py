@@ -2,7 +2,8 @@
 
 Redis (the one at BRIGADE_REDIS_URL if it answers, else a redis-server of our own), the bucket (a
 local folder unless BRIGADE_BUCKET says otherwise), proxy, janitor, learner, N rollout workers and
-the evaluator. Shows progress, stops everything it started on exit or Ctrl-C, and leaves
+the evaluator. Shows progress, restarts a service that dies (MAX_RESTARTS times each; each one
+resumes from Redis and the bucket), stops everything it started on exit or Ctrl-C, and leaves
 summary.json, metrics.jsonl, plots and logs in the run's output folder.
 """
 
@@ -22,6 +23,9 @@ import typer
 
 from brigade import options
 
+# restarts per service before `up` gives up: a process that keeps dying is broken, not unlucky
+MAX_RESTARTS = 3
+
 
 @dataclass
 class Child:
@@ -29,6 +33,7 @@ class Child:
     argv: list[str]
     log: Path
     proc: subprocess.Popen | None = None
+    restarts: int = 0
 
     def start(self, env: dict[str, str]) -> None:
         self.log.parent.mkdir(parents=True, exist_ok=True)
@@ -38,6 +43,10 @@ class Child:
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def crashed(self) -> bool:
+        """Exited, and not with 0 (a learner after max_steps, a worker after the run finished)."""
+        return self.proc is not None and self.proc.poll() not in (None, 0)
 
     def stop(self, timeout: float = 10.0) -> None:
         if not self.alive():
@@ -60,6 +69,20 @@ class Fleet:
         child.start(self.env)
         self.children.append(child)
         return child
+
+    def restart_crashed(self, max_restarts: int) -> str | None:
+        """Start again every child that died: each service resumes where its state (Redis, the
+        bucket) says, which is the point of the design. Returns an error when one keeps dying."""
+        for child in self.children:
+            if not child.crashed():
+                continue
+            rc = child.proc.returncode
+            if child.restarts >= max_restarts:
+                return f"{child.name} exited with {rc} {child.restarts + 1} times; its log: {child.log}"
+            child.restarts += 1
+            typer.echo(f"{child.name} exited with {rc}: restarting it ({child.restarts}/{max_restarts})", err=True)
+            child.start(self.env)
+        return None
 
     def stop_all(self) -> None:
         # workers first (they requeue their leases), the learner, then the coordination layer
@@ -208,6 +231,7 @@ def up(
     started = time.monotonic()
     state = None
     metrics: list[dict] = []
+    failure: str | None = None
     try:
         if spec.model == "demo":  # build once, before N processes race to do it
             from brigade.model import resolve_model
@@ -224,8 +248,12 @@ def up(
             fleet.spawn("evaluator", ["evaluator"], logs)
         typer.echo(f"run {spec.run_id}: proxy {proxy}, bucket {bucket}, {workers} rollout workers; logs in {logs}")
         shown = 0
-        while learner.alive() and time.monotonic() - started < max_wall:
+        while (learner.alive() or learner.crashed()) and time.monotonic() - started < max_wall:
             time.sleep(1.0)
+            failure = fleet.restart_crashed(MAX_RESTARTS)
+            if failure:
+                typer.echo(f"error: {failure}", err=True)
+                break
             try:
                 metrics, state, live = asyncio.run(poll_metrics(proxy, token, spec.run_id))
             except Exception as e:  # progress is best effort; the run goes on
@@ -236,9 +264,9 @@ def up(
             for m in metrics[shown:]:
                 typer.echo(progress_line(m, live, samples / max(elapsed, 1e-9)))
             shown = len(metrics)
-        if learner.alive():
+        if learner.alive() and not failure:
             typer.echo(f"stopping: --max-wall {max_wall:.0f}s reached", err=True)
-        else:
+        elif not failure:
             try:
                 metrics, state, _ = asyncio.run(poll_metrics(proxy, token, spec.run_id))
             except Exception:
@@ -261,3 +289,5 @@ def up(
         plot_run(metrics, out_dir)
     typer.echo(json.dumps(summary))
     typer.echo(f"summary, metrics and plots in {out_dir}")
+    if failure:
+        raise typer.Exit(1)
