@@ -37,7 +37,7 @@ from brigade_learner.trainer import Trainer
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.timeout(240)]
 
-MAX_STEPS = 5
+MAX_STEPS = 6
 HOSTILE = 2  # the driver's third rollout is not safetensors
 
 
@@ -126,7 +126,8 @@ async def drive_workers(addr: str, bucket_url: str, run: str, model_dir: Path, s
 
 
 async def run_learner(addr: str, bucket_url: str, run: str, spec_path: Path, log_path: Path,
-                      die_at: str | None = None, kill_after_step: int | None = None) -> tuple[int, list[dict]]:
+                      die_at: str | None = None, kill_after_step: int | None = None,
+                      term_after_step: int | None = None) -> tuple[int, list[dict]]:
     env = dict(os.environ, OMP_NUM_THREADS="1", BRIGADE_LOG_FORMAT="json", PYTHONWARNINGS="ignore")
     env.pop("BRIGADE_LEARNER_DIE_AT", None)
     if die_at:
@@ -147,6 +148,8 @@ async def run_learner(addr: str, bucket_url: str, run: str, spec_path: Path, log
             events.append(event)
             if kill_after_step is not None and event.get("event") == "step" and event.get("step") == kill_after_step:
                 proc.send_signal(signal.SIGKILL)  # from outside, wherever the learner happens to be
+            if term_after_step is not None and event.get("event") == "step" and event.get("step") == term_after_step:
+                proc.send_signal(signal.SIGTERM)  # a node drain: stop now, and say it did not finish
     return await proc.wait(), events
 
 
@@ -166,13 +169,14 @@ async def test_learner_survives_sigkill_anywhere(tmp_path, redis_url, file_bucke
                  dict(die_at="mid_checkpoint@2"),     # part of the checkpoint written, no manifest
                  dict(die_at="after_adapter@3"),      # version written, never published
                  dict(kill_after_step=4),             # from outside, right after step 4 trained
+                 dict(term_after_step=5),             # SIGTERM: stops, exits 143 (not finished)
                  dict()]                              # to the end
         resumed, rejections = [], []
         for life in lives:
             rc, events = await asyncio.wait_for(run_learner(addr, file_bucket_url, run, spec_path, log_path, **life), 120)
             resumed += [e for e in events if e.get("event") == "resumed"]
             rejections += [e for e in events if e.get("event") == "rollout_rejected"]
-            expected = 0 if not life else -signal.SIGKILL
+            expected = 0 if not life else 128 + signal.SIGTERM if "term_after_step" in life else -signal.SIGKILL
             assert rc == expected, f"learner exited {rc} in life {life}; log: {log_path.read_text()[-3000:]}"
         stop.set()
         completed = await asyncio.wait_for(driver, 30)

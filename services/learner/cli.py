@@ -38,7 +38,8 @@ def learner(
     """The learner: GRPO steps on the LoRA adapter from the rollouts workers hand in.
 
     Resumes from the newest complete checkpoint in the bucket; with --spec, creates the run at the
-    proxy first if it does not exist (the run id defaults to the spec's). Exits 0 after max_steps.
+    proxy first if it does not exist (the run id defaults to the spec's). Exits 0 after max_steps;
+    128 + the signal's number when SIGTERM or SIGINT stopped it first.
     """
     from brigade.log import configure_logging
 
@@ -63,10 +64,14 @@ def learner(
                         learner_id=learner_id, price_per_hour=price_per_hour,
                         max_steps=None if max_steps < 0 else max_steps, keep_checkpoints=keep_checkpoints)
     try:
-        asyncio.run(serve(cfg))
+        stopped_by = asyncio.run(serve(cfg))
     except grpc.aio.AioRpcError as e:
         log.error("proxy_error", error=describe_rpc_error(e, proxy))
         raise typer.Exit(1) from None
     except ConfigError as e:
         log.error("config_error", error=str(e))
         raise typer.Exit(2) from None
+    if stopped_by is not None:
+        # stopped before max_steps: not a success, so a supervisor that restarts on failure (a
+        # Kubernetes Job after a node drain, compose, systemd) starts it again; 0 means finished
+        raise typer.Exit(128 + stopped_by)

@@ -331,7 +331,8 @@ async def ensure_run(client: ProxyClient, target: str, run: str, spec_path: str)
     return (await retry_unavailable("GetRun", get_run, target)).spec
 
 
-async def serve(cfg: LearnerConfig) -> None:
+async def serve(cfg: LearnerConfig) -> signal.Signals | None:
+    """Train until max_steps; returns the signal that stopped it first, if one did."""
     client = ProxyClient.connect(cfg.proxy, cfg.token, cfg.tls_ca)
     bucket = open_bucket(cfg.bucket)
     try:
@@ -349,7 +350,7 @@ async def serve(cfg: LearnerConfig) -> None:
         main, loop, signalled = asyncio.current_task(), asyncio.get_running_loop(), []
 
         def stop(sig: signal.Signals) -> None:
-            signalled.append(sig.name)
+            signalled.append(sig)
             main.cancel()
 
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -359,10 +360,12 @@ async def serve(cfg: LearnerConfig) -> None:
         except asyncio.CancelledError:
             if not signalled:
                 raise
-            log.info("stopped_by_signal", signal=signalled[0])
+            log.info("stopped_by_signal", signal=signalled[0].name)
+            return signalled[0]
         finally:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
+        return None
     finally:
         await bucket.close()
         await client.close()
