@@ -23,6 +23,24 @@ from brigade.v1 import brigade_pb2_grpc as pbg
 from brigade_proxy.server import ProxyServer, start_server
 
 PROXY_TOKEN = "test-proxy-token"  # what the shared token_proxy fixture demands
+# the deliberate answers to a request the proxy refuses (anything else, UNKNOWN or INTERNAL, is a bug)
+REFUSALS = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
+            grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.ALREADY_EXISTS}
+WAITING = {grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}  # a long poll or a stream that parsed
+
+
+def status_of(call, *args, **kwargs) -> grpc.StatusCode:
+    """The status a blocking call ends with; a stream is read for one message (or its error)."""
+    try:
+        result = call(*args, **kwargs)
+        if hasattr(result, "__next__"):
+            try:
+                next(result)
+            finally:
+                result.cancel()
+        return grpc.StatusCode.OK
+    except grpc.RpcError as e:
+        return e.code()
 
 
 def new_run_id(prefix: str = "t") -> str:

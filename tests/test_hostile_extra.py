@@ -31,11 +31,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from proxy_support import (
     PROXY_TOKEN,
+    REFUSALS,
+    WAITING,
     SyncClient,
     make_prompts,
     make_spec,
     manifest_for,
     new_run_id,
+    status_of,
 )
 
 from brigade import adapters, keys
@@ -43,9 +46,6 @@ from brigade.rpc import MAX_MESSAGE_BYTES
 from brigade.v1 import brigade_pb2 as pb
 
 TOKEN = PROXY_TOKEN
-REFUSALS = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
-            grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.ALREADY_EXISTS}
-WAITING = {grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}  # a long poll or a stream that parsed
 ROOT = Path(__file__).resolve().parents[1]
 
 METHODS = [(service.full_name, method) for service in pb.DESCRIPTOR.services_by_name.values()
@@ -57,19 +57,6 @@ def run(proxy_client):
     run = new_run_id("hx")
     proxy_client.runs.CreateRun(pb.CreateRunRequest(spec=make_spec(run), prompts=make_prompts(40)), metadata=proxy_client.metadata)
     return run
-
-
-def status_of(call, *args, **kwargs) -> grpc.StatusCode:
-    try:
-        result = call(*args, **kwargs)
-        if hasattr(result, "__next__"):  # a stream: read one message (or its error)
-            try:
-                next(result)
-            finally:
-                result.cancel()
-        return grpc.StatusCode.OK
-    except grpc.RpcError as e:
-        return e.code()
 
 
 def raw_call(channel: grpc.Channel, service: str, method):
