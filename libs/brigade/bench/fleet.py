@@ -158,12 +158,7 @@ def run(quick: bool = False, out_dir: str | Path | None = None) -> dict:
             system.progress("fleet", f"{mode} run: go ({steps} steps)")
             t_go, finished = sysm.run_until(run_id, steps, cfg["timeout_s"], hosts)
             system.progress("fleet", f"{mode} run: {'done' if finished else 'TIMED OUT'}")
-            metrics, state = sysm.metrics(run_id)
-            metrics = metrics[:steps]
-            events = sysm.events(run_id)
-            t_end = metrics[-1]["time_unix"] if metrics else time.time()
-            res[mode] = {"metrics": metrics, "events": events, "t_go": t_go, "t_end": t_end, "finished": finished,
-                         "figures": system.run_figures(metrics, events, t_go, len(FACTORS)),
+            res[mode] = {**sysm.run_result(run_id, steps, t_go, finished, len(FACTORS)),
                          "engine": sysm.engine_log(run_id), "factors": dict(zip(ids, FACTORS, strict=True)),
                          "by_version": sysm.rollout_rewards(run_id)}
             if not finished:

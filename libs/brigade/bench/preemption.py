@@ -141,13 +141,8 @@ def run(quick: bool = False, out_dir: str | Path | None = None) -> dict:
             system.progress("preemption", f"{mode} run: go ({steps} steps)")
             t_go, finished = sysm.run_until(run_id, steps, cfg["timeout_s"], [learner], tick=tick)
             system.progress("preemption", f"{mode} run: {'done' if finished else 'TIMED OUT'}, {len(kills)} kills")
-            metrics, _ = sysm.metrics(run_id)
-            metrics = metrics[:steps]
-            events = sysm.events(run_id)
-            t_end = metrics[-1]["time_unix"] if metrics else time.time()
-            res[mode] = {"metrics": metrics, "events": events, "t_go": t_go, "t_end": t_end, "finished": finished,
-                         "figures": system.run_figures(metrics, events, t_go, WORKERS,
-                                                       killed={k["killed"]: k["t"] for k in kills})}
+            res[mode] = sysm.run_result(run_id, steps, t_go, finished, WORKERS,
+                                        killed={k["killed"]: k["t"] for k in kills})
             if not finished:
                 break
     result: dict = {

@@ -490,6 +490,16 @@ class System:
             time.sleep(0.1)
         return t_go, True
 
+    def run_result(self, run: str, steps: int, t_go: float, finished: bool, workers: int,
+                   killed: dict[str, float] | None = None) -> dict:
+        """What a benchmark keeps of a run after `run_until`: its first `steps` metrics, its events,
+        when it went and ended, and its figures."""
+        metrics = self.metrics(run)[0][:steps]
+        events = self.events(run)
+        t_end = metrics[-1]["time_unix"] if metrics else time.time()
+        return {"metrics": metrics, "events": events, "t_go": t_go, "t_end": t_end, "finished": finished,
+                "figures": run_figures(metrics, events, t_go, workers, killed=killed)}
+
 
 # ---------------------------------------------------------------- hosts (child processes)
 
