@@ -231,14 +231,20 @@ async def _same_as_existing(bucket: Bucket, folder: str, listing: dict[str, Any]
     return True
 
 
+async def _folders(bucket: Bucket, run: str) -> dict[int, list[str]]:
+    """The keys under each step's checkpoint folder."""
+    root = prefix(run)
+    folders: dict[int, list[str]] = {}
+    for key in await bucket.list(root):
+        m = STEP_DIR.match(key[len(root):])
+        if m:
+            folders.setdefault(int(m.group(1)), []).append(key)
+    return folders
+
+
 async def steps(bucket: Bucket, run: str) -> list[int]:
     """Every step with any checkpoint file (complete or not), ascending."""
-    found = set()
-    for key in await bucket.list(prefix(run)):
-        m = STEP_DIR.match(key[len(prefix(run)):])
-        if m:
-            found.add(int(m.group(1)))
-    return sorted(found)
+    return sorted(await _folders(bucket, run))
 
 
 async def prune(bucket: Bucket, run: str, keep: int) -> list[int]:
@@ -248,12 +254,7 @@ async def prune(bucket: Bucket, run: str, keep: int) -> list[int]:
     without one is never resumed from, so a prune cut short leaves files the next prune removes."""
     if keep <= 0:
         return []
-    root = prefix(run)
-    folders: dict[int, list[str]] = {}
-    for key in await bucket.list(root):
-        m = STEP_DIR.match(key[len(root):])
-        if m:
-            folders.setdefault(int(m.group(1)), []).append(key)
+    folders = await _folders(bucket, run)
     complete = sorted(step for step, names in folders.items() if any(n.endswith("/" + MANIFEST) for n in names))
     if not complete:
         return []
