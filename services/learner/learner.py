@@ -90,6 +90,7 @@ class Learner:
         self.config_json = trainer.adapter_config_json()
         self._published_files: tuple[dict[str, bytes], float] | None = None
         self._proximal: dict[int, dict] = {}  # decoded adapter versions, for recompute_logprobs
+        self._pruning: asyncio.Task | None = None   # checkpoint retention, beside the next step
         self.prefetch = Prefetcher(self._pull, self._ack_now, bucket, self.run_id, trainer.vocab_size,
                                    want=spec.batches_per_step, consumed=self.state.consumed,
                                    max_staleness=spec.staleness.max_staleness)
@@ -190,6 +191,11 @@ class Learner:
                 cycle_start = await self.step(cycle_start)
         finally:
             await self.prefetch.stop()
+            if self._pruning is not None:
+                await asyncio.wait([self._pruning])
+        if self._pruning is not None:
+            self._pruning.result()  # a bug in the last background prune surfaces here
+        await self._prune_checkpoints()  # the last commit's, which a prune still running may have skipped
         log.info("finished", step=self.state.step, version=self.state.version)
 
     async def step(self, cycle_start: float) -> float:
@@ -242,7 +248,16 @@ class Learner:
         _maybe_die("after_ack", step)
         s.ack = {"delivery_ids": [], "consumed": [], "rejected": []}
         s.metrics = []
-        await self._prune_checkpoints()
+        self._prune_in_background()
+
+    def _prune_in_background(self) -> None:
+        """Retention beside the next step, not in front of it: on S3 it is a LIST and a DELETE per
+        file. One at a time; a commit that finds one still running leaves its folders to the next."""
+        if self._pruning is not None:
+            if not self._pruning.done():
+                return
+            self._pruning.result()  # a bug in it surfaces here, not as a task exception nobody reads
+        self._pruning = asyncio.create_task(self._prune_checkpoints())
 
     async def _prune_checkpoints(self) -> None:
         # after the ack: the newest checkpoint is the one a restart resumes from, whatever happens here
