@@ -31,9 +31,9 @@ import yaml
 
 from brigade import keys
 from brigade.config import build_spec, spec_to_dict
-from brigade.devservers import MOTO_ENV, ServerProcess, free_port, start_moto, start_redis, wait_for_port
-from brigade.up import Child
 from brigade.v1 import brigade_pb2 as pb
+from brigade_cli.devservers import MOTO_ENV, ServerProcess, free_port, start_moto, start_redis, wait_for_port
+from brigade_cli.up import Child
 
 TOKEN = "chaos-token"
 
@@ -252,7 +252,7 @@ class System:
         asyncio.run(go())
 
     def spawn(self, name: str, args: list[str]) -> Service:
-        child = Child(name, [sys.executable, "-m", "brigade.cli", *args], self.logs / f"{name}.log")
+        child = Child(name, [sys.executable, "-m", "brigade_cli.main", *args], self.logs / f"{name}.log")
         child.start(self.env())
         svc = Service(name, args, child)
         self.services[name] = svc

@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from brigade.devservers import MOTO_ENV, start_moto, start_redis
+from brigade_cli.devservers import MOTO_ENV, start_moto, start_redis
 
 
 @pytest.fixture(scope="session")

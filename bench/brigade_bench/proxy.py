@@ -1,0 +1,271 @@
+"""Lease-proxy throughput: acquire + complete cycles through `brigade proxy` (a separate process,
+over loopback gRPC, backed by its own redis-server), against the same cycle done with raw
+redis-py stream commands at the same concurrency, in the same run.
+
+    brigade bench proxy [--quick]
+
+lease_cycles_per_s   AcquireLease + CompleteLease pairs per second, 64 concurrent clients back
+                     to back (closed loop: the proxy's capacity)
+saturated_acquire_*  AcquireLease latency in that closed loop; by Little's law it is mostly
+                     queueing (64 calls in flight / throughput), not service time
+acquire_p50/p99_ms   AcquireLease latency with the same 64 clients offering 1000 cycles/s in
+                     all (open loop, like workers that generate between calls)
+light_acquire_*      the same at 200 cycles/s (64 workers, one cycle each every 320 ms)
+raw_cycles_per_s     XREADGROUP, then XACK + XDEL + XADD in one pipeline, 64 concurrent tasks
+cycle_ratio          our time per cycle / raw time per cycle (lower is better)
+
+The clients run in `client_processes` processes (2 by default) so the client side, which costs
+about as much CPU as the server, does not cap the figure on a small machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+CONCURRENCY = 64
+LIGHT_RATE = 200.0
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    k = min(len(values) - 1, max(0, round(q * (len(values) - 1))))
+    return values[k]
+
+
+# ---------------------------------------------------------------- our cycle, through the proxy
+
+async def _proxy_clients(target: str, run: str, clients: int, cycles: int, tag: str, rate: float = 0.0) -> dict:
+    """`clients` concurrent acquire+complete loops until `cycles` are done. rate=0: back to back
+    (closed loop, saturation); rate>0: each client starts a cycle every clients/rate seconds
+    (open loop at `rate` cycles/s in all, the way workers behave: they generate between calls)."""
+    from brigade import keys
+    from brigade.rpc import open_channel
+    from brigade.v1 import brigade_pb2 as pb
+    from brigade.v1 import brigade_pb2_grpc as pbg
+
+    channels = [open_channel(target) for _ in range(max(1, clients // 16))]
+    stubs = [pbg.LeaseServiceStub(ch) for ch in channels]
+    remaining = cycles
+    acquire_ms: list[float] = []
+    complete_ms: list[float] = []
+    denied = 0
+
+    interval = clients / rate if rate > 0 else 0.0
+
+    async def client(i: int) -> None:
+        nonlocal remaining, denied
+        stub = stubs[i % len(stubs)]
+        worker = f"bench-{tag}-{i}"
+        req = pb.AcquireLeaseRequest(run_id=run, worker_id=worker, capacity_class="spot", engine="bench")
+        next_at = time.perf_counter() + interval * i / clients
+        while remaining > 0:
+            remaining -= 1
+            if interval:
+                delay = next_at - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                next_at += interval
+            t0 = time.perf_counter()
+            resp = await stub.AcquireLease(req)
+            t1 = time.perf_counter()
+            if not resp.granted:
+                denied += 1
+                await asyncio.sleep(resp.retry_after_ms / 1000)
+                continue
+            lease = resp.lease
+            b = lease.batch.batch_id
+            manifest = pb.RolloutManifest(
+                run_id=run, batch_id=b, attempt=lease.attempt, worker_id=worker,
+                policy_version=lease.adapter_version, uri=keys.rollout_key(run, b, lease.attempt),
+                sha256="0" * 64, size_bytes=1, num_samples=8, num_tokens=256, reward_mean=0.5,
+            )
+            await stub.CompleteLease(pb.CompleteLeaseRequest(run_id=run, lease_id=lease.lease_id, worker_id=worker,
+                                                             manifest=manifest))
+            t2 = time.perf_counter()
+            acquire_ms.append((t1 - t0) * 1000)
+            complete_ms.append((t2 - t1) * 1000)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(client(i) for i in range(clients)))
+    elapsed = time.perf_counter() - start
+    for ch in channels:
+        await ch.close()
+    return {"acquire_ms": acquire_ms, "complete_ms": complete_ms, "elapsed": elapsed, "denied": denied}
+
+
+def _client_process_main() -> None:
+    """Entry point of a client process: args as JSON on argv[1], results as JSON on stdout."""
+    target, run_id, clients, cycles, tag, start_at, rate = json.loads(sys.argv[1])
+    time.sleep(max(0.0, start_at - time.time()))  # start together with the other client processes
+    result = asyncio.run(_proxy_clients(target, run_id, clients, cycles, tag, rate))
+    sys.stdout.write(json.dumps(result))
+
+
+async def _proxy_clients_in_processes(target: str, run_id: str, processes: int, clients: int,
+                                      cycles: int, rate: float = 0.0) -> list[dict]:
+    start_at = time.time() + 2.0  # process start + imports take about a second
+    tag = "paced" if rate else "p"
+    code = "from brigade_bench.proxy import _client_process_main; _client_process_main()"
+    procs = []
+    for i in range(processes):
+        args = json.dumps([target, run_id, clients // processes, cycles // processes, f"{tag}{i}", start_at,
+                           rate / processes])
+        procs.append(await asyncio.create_subprocess_exec(sys.executable, "-c", code, args,
+                                                          stdout=asyncio.subprocess.PIPE))
+    outputs = [await p.communicate() for p in procs]
+    for p in procs:
+        if p.returncode != 0:
+            raise RuntimeError(f"a benchmark client process exited with code {p.returncode}")
+    return [json.loads(out) for out, _ in outputs]
+
+
+# ---------------------------------------------------------------- the raw redis-py cycle
+
+async def _raw_cycles(redis_url: str, clients: int, cycles: int) -> dict:
+    import redis.asyncio as aioredis
+
+    r = aioredis.Redis(connection_pool=aioredis.BlockingConnectionPool.from_url(redis_url, max_connections=clients))
+    work, out = "rawbench:work", "rawbench:rollouts"
+    await r.delete(work, out)
+    await r.xgroup_create(work, "rollout", id="0", mkstream=True)
+    for i in range(0, cycles, 1000):
+        async with r.pipeline(transaction=False) as p:
+            for j in range(i, min(cycles, i + 1000)):
+                p.xadd(work, {"batch": f"raw:0:{j}", "attempt": 1, "failures": 0})
+            await p.execute()
+    remaining = cycles
+    acquire_ms: list[float] = []
+    manifest = b"x" * 200
+
+    async def client(i: int) -> None:
+        nonlocal remaining
+        consumer = f"raw-{i}"
+        while remaining > 0:
+            remaining -= 1
+            t0 = time.perf_counter()
+            res = await r.xreadgroup("rollout", consumer, {work: ">"}, count=1)
+            t1 = time.perf_counter()
+            entry_id, fields = res[0][1][0]
+            async with r.pipeline(transaction=False) as p:
+                p.xack(work, "rollout", entry_id)
+                p.xdel(work, entry_id)
+                p.xadd(out, {"batch": fields[b"batch"], "version": 0, "m": manifest})
+                await p.execute()
+            acquire_ms.append((t1 - t0) * 1000)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(client(i) for i in range(clients)))
+    elapsed = time.perf_counter() - start
+    await r.delete(work, out)
+    await r.aclose()
+    return {"acquire_ms": acquire_ms, "elapsed": elapsed}
+
+
+# ---------------------------------------------------------------- the benchmark
+
+async def _create_run(target: str, run: str, prompts: int) -> None:
+    from brigade.config import build_spec
+    from brigade.rpc import ProxyClient
+    from brigade.v1 import brigade_pb2 as pb
+
+    spec = build_spec({"run_id": run, "prompts_per_batch": 1, "batches_per_step": 1,
+                       "staleness": {"max_staleness": 1_000_000, "lease_seconds": 600, "max_attempts": 3}})
+    async with ProxyClient.connect(target) as client:
+        for _ in range(100):  # the proxy may still be starting
+            try:
+                await client.runs.CreateRun(pb.CreateRunRequest(
+                    spec=spec, prompts=[pb.Prompt(id=str(i), text=f"{i} + {i} =") for i in range(prompts)]),
+                    timeout=30, wait_for_ready=True)
+                return
+            except Exception:  # noqa: BLE001
+                await asyncio.sleep(0.1)
+        raise RuntimeError("the proxy did not accept CreateRun")
+
+
+def _start_proxy(redis_url: str, port: int) -> subprocess.Popen:
+    from brigade_cli.devservers import wait_for_port
+
+    env = dict(os.environ, BRIGADE_LOG_FORMAT="json")
+    argv = [sys.executable, "-m", "brigade_proxy", "--listen", f"127.0.0.1:{port}", "--redis-url", redis_url,
+            "--bucket", "", "--log-level", "warning"]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    wait_for_port(port, timeout=30, proc=proc)
+    return proc
+
+
+async def _phase(target: str, run_id: str, processes: int, cycles: int, rate: float = 0.0) -> dict:
+    if processes <= 1:
+        results = [await _proxy_clients(target, run_id, CONCURRENCY, cycles, "paced" if rate else "p", rate)]
+    else:
+        results = await _proxy_clients_in_processes(target, run_id, processes, CONCURRENCY, cycles, rate)
+    acquire = [x for r in results for x in r["acquire_ms"]]
+    complete = [x for r in results for x in r["complete_ms"]]
+    wall = max(r["elapsed"] for r in results)
+    return {"rate": len(acquire) / wall, "acquire": acquire, "complete": complete, "cycles": len(acquire),
+            "denied": sum(r["denied"] for r in results)}
+
+
+async def run(quick: bool = False, client_processes: int = 2, paced_rate: float = 1000.0,
+              cycles: int | None = None, paced_seconds: float | None = None) -> dict:
+    from brigade_cli.devservers import free_port, start_redis
+
+    cycles = cycles or (4_000 if quick else 20_000)
+    paced_cycles = int(paced_rate * (paced_seconds or (3 if quick else 10)))
+    warmup = 500
+    with tempfile.TemporaryDirectory(prefix="brigade-bench-proxy-") as tmp:
+        redis = start_redis(Path(tmp) / "redis")
+        port = free_port()
+        proxy = _start_proxy(redis.url, port)
+        target = f"127.0.0.1:{port}"
+        try:
+            run_id = "bench-proxy"
+            await _create_run(target, run_id, cycles + paced_cycles + warmup + 2000)
+            await _proxy_clients(target, run_id, CONCURRENCY, min(warmup, cycles), "warm")
+            saturated = await _phase(target, run_id, client_processes, cycles)
+            paced = await _phase(target, run_id, client_processes, paced_cycles, paced_rate)
+            light = await _phase(target, run_id, client_processes, int(LIGHT_RATE * (paced_seconds or 2)),
+                                 LIGHT_RATE)
+            raw = await _raw_cycles(redis.url, CONCURRENCY, cycles)
+            raw_rate = len(raw["acquire_ms"]) / raw["elapsed"]
+        finally:
+            proxy.terminate()
+            try:
+                proxy.wait(10)
+            except subprocess.TimeoutExpired:
+                proxy.kill()
+            redis.stop()
+    ours = saturated["rate"]
+    return {
+        # closed loop: 64 clients back to back, as fast as the proxy answers
+        "lease_cycles_per_s": round(ours, 1),
+        "saturated_acquire_p50_ms": round(statistics.median(saturated["acquire"]), 3),
+        "saturated_acquire_p99_ms": round(_percentile(saturated["acquire"], 0.99), 3),
+        # open loop: the same 64 clients offering `paced_rate` cycles/s in all
+        "paced_cycles_per_s": round(paced["rate"], 1),
+        "acquire_p50_ms": round(statistics.median(paced["acquire"]), 3),
+        "acquire_p99_ms": round(_percentile(paced["acquire"], 0.99), 3),
+        "complete_p50_ms": round(statistics.median(paced["complete"]), 3),
+        "complete_p99_ms": round(_percentile(paced["complete"], 0.99), 3),
+        # open loop at a fleet-like load: 64 workers, one cycle every 320 ms each
+        "light_acquire_p50_ms": round(statistics.median(light["acquire"]), 3),
+        "light_acquire_p99_ms": round(_percentile(light["acquire"], 0.99), 3),
+        "raw_cycles_per_s": round(raw_rate, 1),
+        "raw_acquire_p99_ms": round(_percentile(raw["acquire_ms"], 0.99), 3),
+        "cycle_ratio": round(raw_rate / ours, 3),
+        "cycles": saturated["cycles"] + paced["cycles"] + light["cycles"],
+        "denied": saturated["denied"] + paced["denied"] + light["denied"],
+        "concurrency": CONCURRENCY,
+        "client_processes": client_processes,
+        "target_cycles_per_s": 1000,
+        "target_acquire_p99_ms": 25,
+    }

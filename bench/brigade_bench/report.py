@@ -1,0 +1,365 @@
+"""`brigade bench all --report bench/report.md`: every benchmark in one process, one after the other,
+then a Markdown report with the machine, each benchmark's settings and figures, a table of targets
+(pass / miss, judged from the figures measured in this run) and the PNG plots. Each benchmark's
+flat JSON line is printed as it finishes and all of them are kept in results.json next to the
+report. Every ratio in it compares with a baseline measured in the same run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import inspect
+import json
+import os
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+ORDER = ["bucket", "proxy", "learner", "rollout", "fleet", "sync-latency", "preemption"]
+
+
+# ---------------------------------------------------------------- targets
+
+
+@dataclass(frozen=True)
+class Target:
+    bench: str
+    what: str
+    shown: Callable[[dict], str]          # the measured value, as text
+    target: Callable[[dict], str]         # the target, as text (may depend on the run, e.g. a theory)
+    check: Callable[[dict], bool]         # raises KeyError/TypeError when a figure is missing
+
+
+def _f(key: str, fmt: str = "{:.3g}", scale: float = 1.0) -> Callable[[dict], str]:
+    return lambda r: fmt.format(r[key] * scale)
+
+
+def _pct(key: str) -> Callable[[dict], str]:
+    return lambda r: f"{100 * r[key]:.1f} %"
+
+
+def _const(text: str) -> Callable[[dict], str]:
+    return lambda r: text
+
+
+TARGETS: list[Target] = [
+    Target("bucket", "put 34 MiB, library / raw aiobotocore", _f("put_ratio", "{:.2f}x"), _const("<= 1.10x"),
+           lambda r: r["put_ratio"] <= 1.10),
+    Target("bucket", "get 34 MiB with sha256 check, library / raw aiobotocore", _f("get_ratio", "{:.2f}x"),
+           _const("<= 1.10x"), lambda r: r["get_ratio"] <= 1.10),
+    Target("proxy", "lease cycles per second (64 clients, closed loop)", _f("lease_cycles_per_s", "{:.0f}"),
+           lambda r: f">= {r['target_cycles_per_s']}", lambda r: r["lease_cycles_per_s"] >= r["target_cycles_per_s"]),
+    Target("proxy", "AcquireLease p99 at 1000 cycles/s", _f("acquire_p99_ms", "{:.1f} ms"),
+           lambda r: f"<= {r['target_acquire_p99_ms']} ms", lambda r: r["acquire_p99_ms"] <= r["target_acquire_p99_ms"]),
+    Target("learner", "learner step / bare forward+backward", _f("overhead_ratio", "{:.2f}x"), _const("<= 1.3x"),
+           lambda r: r["overhead_ratio"] <= 1.3),
+    Target("rollout", "adapter fetch (34 MB) / raw GETs", _f("fetch_ratio", "{:.2f}x"), _const("<= 1.5x"),
+           lambda r: r["fetch_ratio"] <= 1.5),
+    Target("rollout", "hf engine CPU time / plain generate", _f("generate_ratio", "{:.2f}x"), _const("<= 1.15x"),
+           lambda r: r["generate_ratio"] <= 1.15),
+    Target("fleet", "async speedup to N steps (sync wall / async wall)", _f("speedup", "{:.2f}x"),
+           _const(">= 2.0x"), lambda r: r["speedup"] >= 2.0),
+    Target("fleet", "speedup against the speed factors' theoretical ratio", _f("speedup", "{:.2f}x"),
+           lambda r: f">= 0.85 x {r['theoretical_ratio']:.2f} = {0.85 * r['theoretical_ratio']:.2f}x",
+           lambda r: r["speedup"] >= 0.85 * r["theoretical_ratio"]),
+    Target("fleet", "async learner idle (steps 2..N)", _pct("async_learner_idle"), _const("< 10 %"),
+           lambda r: r["async_learner_idle"] < 0.10),
+    Target("fleet", "reward per step, async - sync (paired, per step)",
+           lambda r: f"{r['reward_diff_per_step']:+.3f} +- {r['reward_diff_se']:.3f}",
+           _const("within noise (|diff| <= 2 SE)"), lambda r: bool(r["reward_within_noise"])),
+    Target("sync-latency", "publish -> every worker cached, 7B adapter, p50", _f("7b_ratio", "{:.2f}x"),
+           _const("<= 1.5x raw GET"), lambda r: r["7b_ratio"] <= 1.5),
+    Target("sync-latency", "publish -> every worker cached, 7B adapter, p95", _f("7b_p95_ratio", "{:.2f}x"),
+           _const("<= 1.5x raw GET"), lambda r: r["7b_p95_ratio"] <= 1.5),
+    Target("sync-latency", "publish -> every worker cached, demo adapter, p50", _f("demo_ratio", "{:.2f}x"),
+           _const("<= 1.5x raw GET"), lambda r: r["demo_ratio"] <= 1.5),
+    Target("sync-latency", "publish -> every worker cached, demo adapter, p95", _f("demo_p95_ratio", "{:.2f}x"),
+           _const("<= 1.5x raw GET"), lambda r: r["demo_p95_ratio"] <= 1.5),
+    Target("preemption", "throughput lost to kills", _pct("throughput_loss"),
+           lambda r: f"about the killed share {100 * r['killed_share']:.1f} % (<= 1.25 x + 3 pts)",
+           lambda r: r["throughput_loss"] <= 1.25 * r["killed_share"] + 0.03),
+    Target("preemption", "longest learner stall with kills", _f("kill_max_step_gap_s", "{:.1f} s"),
+           lambda r: f"< one lease timeout ({r['lease_seconds']} s)",
+           lambda r: r["kill_max_step_gap_s"] < r["lease_seconds"]),
+]
+
+
+@dataclass
+class Row:
+    bench: str
+    what: str
+    measured: str
+    target: str
+    status: str   # pass | miss | n/a
+
+
+def evaluate(results: dict[str, dict], targets: list[Target] = TARGETS) -> list[Row]:
+    """One row per target whose benchmark ran; a figure missing from its result (the benchmark
+    failed, or a run did not finish) is n/a, never a pass."""
+    rows = []
+    for t in targets:
+        r = results.get(t.bench)
+        if r is None:
+            continue
+        try:
+            ok = bool(t.check(r))
+            rows.append(Row(t.bench, t.what, t.shown(r), t.target(r), "pass" if ok else "miss"))
+        except (KeyError, TypeError, ValueError, ZeroDivisionError):
+            try:
+                target = t.target(r)
+            except (KeyError, TypeError, ValueError):
+                target = "?"
+            rows.append(Row(t.bench, t.what, "not measured", target, "n/a"))
+    return rows
+
+
+def _cell(text: object) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def render_table(rows: list[Row]) -> str:
+    mark = {"pass": "**pass**", "miss": "**MISS**", "n/a": "n/a"}
+    lines = ["| benchmark | figure | measured | target | |", "|---|---|---|---|---|"]
+    lines += [f"| {r.bench} | {_cell(r.what)} | {_cell(r.measured)} | {_cell(r.target)} | {mark[r.status]} |"
+              for r in rows]
+    return "\n".join(lines)
+
+
+def render_figures(result: dict) -> str:
+    """Every figure of one benchmark as a two-column table (plots and series are shown elsewhere)."""
+    lines = ["| figure | value |", "|---|---|"]
+    for k, v in result.items():
+        if k.startswith("plot"):
+            continue
+        shown = f"{v:.4g}" if isinstance(v, float) else v
+        lines.append(f"| `{k}` | {_cell(shown)} |")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- machine
+
+
+def machine_info() -> dict:
+    info: dict = {"cores": os.cpu_count() or 0, "python": platform.python_version(), "platform": platform.platform()}
+    try:
+        info["cores_usable"] = len(os.sched_getaffinity(0))
+    except AttributeError:
+        pass
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu"] = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        info["cpu"] = platform.processor()
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                info["memory_gib"] = round(int(line.split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        info["torch_threads"] = torch.get_num_threads()
+    except ImportError:
+        info["torch"] = "not installed"
+    return info
+
+
+def loadavg() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "?"
+
+
+# ---------------------------------------------------------------- notes (from the figures of this run)
+
+
+def fleet_notes(r: dict) -> str:
+    if "async_wall_s" not in r:
+        return ""
+    out = [
+        "How the fleet is simulated: this machine has 2 cores shared by the learner, 4 workers, Redis, the proxy "
+        "and the janitor (and, often, other people's jobs), so real generation time would measure CPU contention. "
+        f"Each worker's speed is therefore injected as a per-token delay around the real engine: a batch takes "
+        f"{r['per_token_ms']:g} ms x speed factor x its longest completion in tokens, drawn per batch from a "
+        f"lognormal (median {r['median_tokens']:g}, sigma {r['sigma']:g}, capped at {r['cap_tokens']}; mean "
+        f"{r['mean_tokens']:g} tokens) seeded by the batch's prompts, so the same batch takes the same time in both "
+        "runs; the real demo model still generates every sample, the rewards are real and the learner trains on "
+        f"them. The learner's device is simulated the same way (a GRPO step takes {r['learner_step_s']:g} s, the "
+        f"real step inside it), sized so the fleet can deliver {r['capacity_margin']:g}x what the learner consumes: "
+        "async keeps the learner busy only if production >= consumption, however deep the queue. The schedule, "
+        "not CPU contention, decides the result "
+        f"(real generation overran its simulated time in {100 * r.get('async_engine_overrun_frac', 0):.0f} % "
+        f"(async) and {100 * r.get('sync_engine_overrun_frac', 0):.0f} % (sync) of the batches).",
+    ]
+    if "speedup" in r:
+        out.append(
+            f"Speedup {r['speedup']:.2f}x against a theoretical {r['theoretical_ratio']:.2f}x "
+            f"({100 * r['speedup'] / r['theoretical_ratio']:.0f} % of it). The theoretical ratio counts the rollout "
+            "schedule only: the synchronous run also waits, every step, for the slowest batch's tail, the learner "
+            "step and the barrier, which the asynchronous run overlaps, so the measured speedup can exceed it; in quick "
+            "mode a few long-tail draws decide how much. The barrier is "
+            f"polled (AcquireLease answers sync_barrier with a retry delay): workers sat "
+            f"{1000 * r['sync_barrier_release_s']:.0f} ms on average at the barrier after their adapter was "
+            f"published; without that the speedup would be {r['speedup_excl_barrier']:.2f}x.")
+        out.append(
+            f"Reward: per learner step async - sync = {r['reward_diff_per_step']:+.3f} +- {r['reward_diff_se']:.3f} "
+            f"(SE). Async trains at step k on samples generated by adapter version k - staleness (mean "
+            f"{r['async_staleness_mean']:.2f}), so while the reward climbs its curve per step lags sync by about "
+            "that many steps. By the adapter version that generated the samples (the policy after the same number "
+            f"of updates) the difference is {r['reward_diff_per_version']:+.3f} +- "
+            f"{r['reward_diff_per_version_se']:.3f}: "
+            + ("within noise, so the stale updates learn as much per update." if abs(r["reward_diff_per_version"])
+               <= 2 * r["reward_diff_per_version_se"] else "outside noise."))
+    if r.get("quick"):
+        out.append(f"Quick mode: {r['steps']} steps, so the reward comparison has little statistical power; "
+                   "`make bench` runs 30.")
+    if "fleet_to_learner_capacity" in r:
+        out.append(
+            f"Measured in the async run: fast batches {r['async_fast_batch_s']:.2f} s, the straggler's "
+            f"{r['async_slow_batch_s']:.2f} s (lease granted to completed), learner {r['async_learner_busy_per_step_s']:.2f}"
+            f" s busy per step, so the fleet could deliver {r['fleet_to_learner_capacity']:.2f}x what the learner "
+            f"consumed; admission (max_staleness {r['max_staleness']}) held the surplus back, hence rollout idle "
+            f"{100 * r['async_rollout_idle']:.0f} % and rejection rate {100 * r['async_rejection_rate']:.0f} % "
+            "(the straggler's long-tail batches arriving more than max_staleness versions late).")
+    return "\n\n".join(out)
+
+
+def sync_notes(r: dict) -> str:
+    if "7b_ratio" not in r:
+        return ""
+    return (
+        f"Per worker, the 7B adapter's time splits into the WatchRun notification ({r['7b_notify_ms']:g} ms after "
+        f"PublishAdapter returned; the event often arrives first), `adapters.read_version` ({r['7b_fetch_ms']:g} ms: "
+        f"3 GETs and sha256 checks) and the float32 decode ({r['7b_decode_ms']:g} ms), against {r['7b_raw_worker_p50_ms']:g}"
+        f" ms for each worker's raw GETs. With {r['workers']} workers on this machine the sha256 and decode of all of "
+        f"them share 2 cores; one worker alone: {r['7b_1w_p50_ms']:g} ms against {r['7b_1w_raw_p50_ms']:g} ms raw "
+        f"({r['7b_1w_ratio']:.2f}x; fetch {r['7b_1w_fetch_ms']:g} ms, decode {r['7b_1w_decode_ms']:g} ms). The S3 server "
+        f"is {r.get('s3', '?')}.")
+
+
+def preemption_notes(r: dict) -> str:
+    if "throughput_loss" not in r:
+        return ""
+    return (
+        f"{r['kills']} kills (SIGKILL, every {r['kill_every_s']:g} s, round robin over {r['workers']} workers). A "
+        f"replacement process took {r['restart_s_mean']:.1f} s on average (max {r['restart_s_max']:.1f} s) from the "
+        "kill to its first lease (Python, torch and the model: the cold start a new spot VM pays, minus the image "
+        f"pull), and each kill threw away {r['wasted_generation_s_mean']:.1f} s of generation in flight; together "
+        f"{100 * r['killed_share']:.1f} % of the fleet's worker-seconds. Throughput fell "
+        f"{100 * r['throughput_loss']:.1f} % ({r['loss_over_share']:.2f}x the killed share). A killed worker's "
+        f"lease is taken back by the janitor, when it expires (lease timeout {r['lease_seconds']} s) or earlier "
+        "when it has become too stale to be consumed (revoked), and its batch is requeued; within the measured "
+        f"window {r['kill_expired_leases']} expired and {r['kill_revoked_leases']} were revoked. The learner does not "
+        f"wait for that batch: the longest gap between learner steps was {r['kill_max_step_gap_s']:.1f} s "
+        f"(without kills {r['base_max_step_gap_s']:.1f} s).")
+
+
+NOTES = {"fleet": fleet_notes, "sync-latency": sync_notes, "preemption": preemption_notes}
+
+
+# ---------------------------------------------------------------- the report
+
+
+def render_report(results: dict[str, dict], meta: dict, report_dir: Path) -> str:
+    m = meta["machine"]
+    lines = [
+        "# brigade benchmarks",
+        "",
+        f"Generated by `{meta['command']}` on {meta['date']}; {'quick mode' if meta['quick'] else 'full mode'}, "
+        f"{meta['total_s']:.0f} s in all. Every ratio compares with a baseline measured in the same run, on the "
+        "same machine; nothing is carried over from another run.",
+        "",
+        "## Machine",
+        "",
+        f"- CPU: {m.get('cpu', '?')}, {m.get('cores', '?')} cores ({m.get('cores_usable', '?')} usable)",
+        f"- memory: {m.get('memory_gib', '?')} GiB",
+        f"- torch {m.get('torch', '?')}, Python {m.get('python', '?')}, {m.get('platform', '')}",
+        f"- load average (1, 5, 15 min) before: {meta['load_before']}, after: {meta['load_after']} "
+        "(a shared machine: other jobs' load shows up in every wall-clock figure)",
+        "",
+        "## Targets",
+        "",
+        render_table(evaluate(results)),
+        "",
+    ]
+    for name in ORDER:
+        if name not in results:
+            continue
+        r = results[name]
+        secs = meta["seconds"].get(name)
+        lines += [f"## {name}", "", f"`brigade bench {name}{' --quick' if meta['quick'] else ''}`"
+                  + (f", {secs:.0f} s" if secs is not None else "") + ".", ""]
+        doc = meta["docs"].get(name, "")
+        if doc:
+            lines += [doc, ""]
+        note = NOTES.get(name, lambda r: "")(r)
+        if note:
+            lines += [note, ""]
+        for key, path in r.items():
+            if key.startswith("plot") and isinstance(path, str) and path:
+                rel = os.path.relpath(Path(path).resolve(), report_dir.resolve())
+                lines += [f"![{name} {key}]({rel})", ""]
+        lines += [render_figures(r), ""]
+    return "\n".join(lines)
+
+
+def _first_paragraph(doc: str | None) -> str:
+    if not doc:
+        return ""
+    return " ".join(doc.strip().split("\n\n")[0].split())
+
+
+def _run_one(name: str, quick: bool, out_dir: Path) -> dict:
+    import importlib
+
+    module = importlib.import_module(f"brigade_bench.{name.replace('-', '_')}")
+    kwargs = {"quick": quick}
+    if "out_dir" in inspect.signature(module.run).parameters:
+        kwargs["out_dir"] = out_dir
+    result = module.run(**kwargs)
+    if inspect.iscoroutine(result):
+        result = asyncio.run(result)
+    return result
+
+
+def run_all(quick: bool, report_path: str | Path, names: list[str] | None = None) -> dict[str, dict]:
+    import importlib
+
+    report_path = Path(report_path)
+    out_dir = report_path.parent
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results: dict[str, dict] = {}
+    seconds: dict[str, float] = {}
+    docs: dict[str, str] = {}
+    load_before = loadavg()
+    t_all = time.monotonic()
+    for name in names or ORDER:
+        t0 = time.monotonic()
+        print(f"== bench {name}{' --quick' if quick else ''}", flush=True)
+        try:
+            docs[name] = _first_paragraph(importlib.import_module(f"brigade_bench.{name.replace('-', '_')}").__doc__)
+            results[name] = _run_one(name, quick, out_dir)
+        except Exception as e:  # one broken benchmark must not hide the others' figures
+            results[name] = {"error": f"{type(e).__name__}: {e}"[:2000]}
+        seconds[name] = time.monotonic() - t0
+        print(json.dumps(results[name]), flush=True)
+        print(f"== {name}: {seconds[name]:.0f} s", flush=True)
+    meta = {
+        "command": f"brigade bench all{' --quick' if quick else ''} --report {report_path}",
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"), "quick": quick,
+        "total_s": time.monotonic() - t_all, "seconds": seconds, "docs": docs, "machine": machine_info(),
+        "load_before": load_before, "load_after": loadavg(),
+    }
+    report_path.write_text(render_report(results, meta, out_dir))
+    (out_dir / "results.json").write_text(json.dumps({"meta": {k: v for k, v in meta.items() if k != "docs"},
+                                                      "results": results}, indent=1, default=str))
+    print(f"report: {report_path} ({meta['total_s']:.0f} s in all)", flush=True)
+    return results

@@ -1,0 +1,608 @@
+"""What the whole-system benchmarks (fleet, preemption) share: the real services as processes, a
+simulated device speed around the real engine, and the arithmetic that turns a run's learner
+metrics and event stream into figures.
+
+The system is the one `brigade up` starts: a redis-server, a local-folder bucket, `brigade proxy`,
+`brigade janitor`, one learner and N rollout workers, each its own process. The learner and the
+workers run through two small hosts in this module (`python -m brigade_bench.system learner|worker`)
+that drive the services' own classes (`brigade_learner.learner.Learner`, `brigade_rollout.worker.Worker`)
+exactly as their CLIs do, with three differences that only a benchmark needs:
+
+- a host serves several runs one after the other (the async and the sync run), so torch and the
+  model are imported and loaded once, not once per run, and startup cost is out of the figures;
+- it waits for a "go" file before each run, so every worker and the learner start together and
+  the clock starts at go (the learner is loaded and waiting; no backlog piles up while it loads);
+- the worker's engine is wrapped in `DelayedEngine`, and the learner's `train_step` in
+  `simulate_learner_device`: the simulated device speeds.
+
+Simulated device speed. On a 2-core machine shared by a learner, four workers, Redis and the proxy,
+real generation time measures CPU contention, not the schedule. So each batch's generation takes
+    per_token_s x speed_factor x decode_tokens(batch)
+of wall time: the real engine generates (the real tokens, log-probs and rewards the learner trains
+on), then the worker sleeps until that much time has passed since generation started. A batched
+decoder waits for the longest completion of its batch, so `decode_tokens` is the batch's longest
+completion, drawn from a lognormal (long tail, capped) seeded by the batch's prompts: the same batch
+takes the same number of tokens in the async and the sync run, and on a retry. If the real
+generation overruns the simulated time the batch simply takes longer; the engine log counts that.
+The learner's device is simulated the same way (a GRPO step takes at least `learner_step_s`; the
+real step runs inside it), so that the learner-to-fleet speed ratio is a setting, as it is when
+one sizes a real fleet to a real learner, and not an accident of this machine's load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import json
+import math
+import os
+import signal
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+_STARTED: dict[str, float] = {}
+
+
+def progress(bench: str, message: str) -> None:
+    """One line on stderr per phase, with seconds since the benchmark's first line."""
+    t0 = _STARTED.setdefault(bench, time.monotonic())
+    print(f"[{bench} +{time.monotonic() - t0:5.1f}s] {message}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def workdir(prefix: str):
+    """A temporary folder for one benchmark (logs, bucket, Redis); kept, and named on stderr, when
+    BRIGADE_BENCH_KEEP=1."""
+    import shutil
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield path
+    finally:
+        if os.environ.get("BRIGADE_BENCH_KEEP") == "1":
+            print(f"kept {path}", file=sys.stderr)
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- pure pieces
+
+
+def theoretical_ratio(speed_factors: Sequence[float]) -> float:
+    """How much faster async can be than sync when each step needs one batch from every worker:
+    async produces at the sum of the rates; sync at the slowest rate times the number of workers.
+    (1, 1, 1, 3) -> (1 + 1 + 1 + 1/3) / (4 x 1/3) = 2.5."""
+    if not speed_factors or min(speed_factors) <= 0:
+        raise ValueError("speed factors must be positive")
+    rates = [1.0 / f for f in speed_factors]
+    return sum(rates) / (len(rates) * min(rates))
+
+
+def percentile(values: Iterable[float], q: float) -> float:
+    """Linear-interpolated percentile, q in [0, 1]; NaN for no values."""
+    xs = sorted(values)
+    if not xs:
+        return float("nan")
+    pos = q * (len(xs) - 1)
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+@dataclass(frozen=True)
+class DelayModel:
+    """Simulated generation time of a batch: per_token_s x factor x decode_tokens(batch)."""
+
+    per_token_s: float = 0.03
+    median_tokens: float = 24.0
+    sigma: float = 0.6          # lognormal shape: the tail of completion lengths
+    cap_tokens: int = 96        # max_new_tokens of the simulated model
+
+    def tokens(self, key: str) -> int:
+        """The batch's longest completion in tokens, a deterministic draw from `key`."""
+        h = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")
+        u = (h + 0.5) / 2**64
+        z = statistics.NormalDist().inv_cdf(u)
+        return int(min(self.cap_tokens, max(1, round(self.median_tokens * math.exp(self.sigma * z)))))
+
+    def seconds(self, key: str, factor: float = 1.0) -> float:
+        return self.per_token_s * factor * self.tokens(key)
+
+    def mean_tokens(self, n: int = 4000) -> float:
+        return statistics.fmean(self.tokens(f"mean-{i}") for i in range(n))
+
+
+def batch_key(prompts: Sequence[str]) -> str:
+    """What identifies a batch to the delay model: its prompts (a batch id depends on the run id;
+    the prompts of global batch n are the same in every run with the same seed)."""
+    return "\x1f".join(prompts)
+
+
+class DelayedEngine:
+    """An engine that takes the simulated device's time: real generation, then sleep until
+    `model.seconds(batch, factor)` has passed since it started (stop requests honoured every 20 ms).
+    Writes one JSON line per batch to `log_path` if given."""
+
+    def __init__(self, inner, factor: float, model: DelayModel, log_path: Path | None = None, run: str = "",
+                 sleep: Callable[[float], None] = time.sleep):
+        self.inner, self.factor, self.model = inner, factor, model
+        self.log_path, self.run, self._sleep = log_path, run, sleep
+        self._log_lock = threading.Lock()
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    @property
+    def tokenizer(self):
+        return self.inner.tokenizer
+
+    @property
+    def version(self):
+        return self.inner.version
+
+    def load_adapter(self, version, state) -> None:
+        self.inner.load_adapter(version, state)
+
+    def generate(self, prompts, sampling, seed, adapter_version, should_stop):
+        from brigade.engine.hf import Stopped
+
+        t0 = time.time()
+        out = self.inner.generate(prompts, sampling, seed, adapter_version, should_stop)
+        real = time.time() - t0
+        key = batch_key(prompts)
+        target = self.model.seconds(key, self.factor)
+        end = t0 + target
+        while (left := end - time.time()) > 0:
+            if should_stop():
+                raise Stopped()
+            self._sleep(min(left, 0.02))
+        if self.log_path is not None:
+            row = {"run": self.run, "t0": t0, "t1": time.time(), "real_s": real, "target_s": target,
+                   "tokens": self.model.tokens(key), "factor": self.factor, "overrun": real > target}
+            with self._log_lock, self.log_path.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+        return out
+
+
+def simulate_learner_device(trainer, step_s: float, sleep: Callable[[float], None] = time.sleep) -> None:
+    """Make `trainer.train_step` take at least `step_s` of wall time (the real step runs first, then
+    the rest is slept): the learner's simulated device, as DelayedEngine is the workers'. The
+    commit that follows (checkpoint, adapter, publish, ack) stays real."""
+    real_step = trainer.train_step
+
+    def train_step(*args, **kwargs):
+        t0 = time.monotonic()
+        out = real_step(*args, **kwargs)
+        out = dict(out, real_train_s=time.monotonic() - t0)
+        while (left := t0 + step_s - time.monotonic()) > 0:
+            sleep(min(left, 0.05))
+        return out
+
+    trainer.train_step = train_step
+
+
+# ---------------------------------------------------------------- figures from a run
+
+
+@dataclass
+class Event:
+    type: str
+    t: float                   # unix seconds
+    attrs: dict[str, str] = field(default_factory=dict)
+
+
+def lease_intervals(events: Sequence[Event]) -> dict[str, list[tuple[float, float | None]]]:
+    """worker -> [(granted, ended or None)] from LeaseGranted and what ended each lease."""
+    open_: dict[str, tuple[str, float]] = {}
+    out: dict[str, list[tuple[float, float | None]]] = {}
+    for e in events:
+        lease = e.attrs.get("lease", "")
+        if e.type == "LeaseGranted":
+            open_[lease] = (e.attrs.get("worker", ""), e.t)
+        elif e.type in ("RolloutCompleted", "LeaseFailed", "LeaseRevoked", "LeaseExpired") and lease in open_:
+            worker, t0 = open_.pop(lease)
+            out.setdefault(worker, []).append((t0, e.t))
+    for worker, t0 in open_.values():
+        out.setdefault(worker, []).append((t0, None))
+    return out
+
+
+def busy_seconds(intervals: Sequence[tuple[float, float | None]], t0: float, t1: float) -> float:
+    """Time inside [t0, t1] covered by the intervals (an open interval runs to t1)."""
+    spans = sorted((max(a, t0), min(b if b is not None else t1, t1)) for a, b in intervals)
+    total, cur_a, cur_b = 0.0, None, None
+    for a, b in spans:
+        if b <= a:
+            continue
+        if cur_b is None or a > cur_b:
+            if cur_b is not None:
+                total += cur_b - cur_a
+            cur_a, cur_b = a, b
+        else:
+            cur_b = max(cur_b, b)
+    if cur_b is not None:
+        total += cur_b - cur_a
+    return total
+
+
+def staleness_counts(metrics: Sequence[dict]) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for m in metrics:
+        for k, v in m.items():
+            if k.startswith("staleness/"):
+                out[int(k.split("/", 1)[1])] = out.get(int(k.split("/", 1)[1]), 0) + int(v)
+    return out
+
+
+def run_figures(metrics: Sequence[dict], events: Sequence[Event], t_go: float, workers: int,
+                killed: dict[str, float] | None = None) -> dict:
+    """The figures of one run, from go to its last step in `metrics`.
+
+    learner_idle: time the learner sat waiting for rollouts over steps 2..N (step 1 also waits for
+    the pipeline to fill, in both modes; learner_idle_from_go counts it too). rollout_idle: the
+    share of worker-seconds from go to step N in which a worker held no lease (`killed`: worker ->
+    the time it was killed; the lease it held then is not work from there on)."""
+    steps = sorted(metrics, key=lambda m: m["step"])
+    if not steps:
+        return {"steps": 0}
+    t_end = steps[-1]["time_unix"]
+    wall = t_end - t_go
+    samples = sum(m.get("accepted_samples", 0) for m in steps)
+    later = steps[1:]
+    idle = (sum(m["wait_s"] for m in later) / max(1e-9, sum(m["step_s"] for m in later))) if later else float("nan")
+    first = steps[0]
+    pre_go = max(0.0, t_go - (first["time_unix"] - first["step_s"]))
+    idle_go = max(0.0, sum(m["wait_s"] for m in steps) - pre_go) / max(wall, 1e-9)
+    busy = sum(m["step_s"] - m["wait_s"] for m in later) / max(1, len(later)) if later else float("nan")
+    in_window = [e for e in events if e.t <= t_end + 1e-3]
+    by_worker = lease_intervals(in_window)
+    for worker, t_kill in (killed or {}).items():
+        by_worker[worker] = [(a, t_kill if b is None or b > t_kill else b) for a, b in by_worker.get(worker, [])]
+    rollout_busy = sum(busy_seconds(iv, t_go, t_end) for iv in by_worker.values())
+    stal = staleness_counts(steps)
+    accepted = sum(stal.values()) or sum(m.get("accepted_batches", 0) for m in steps)
+    rejected = sum(m.get("rejected_batches", 0) for m in steps)
+    janitor_removed = sum(1 for e in in_window if e.type == "RolloutRejected")
+    revoked = sum(1 for e in in_window if e.type == "LeaseRevoked")
+    expired = sum(1 for e in in_window if e.type == "LeaseExpired")
+    rewards = [m.get("reward_mean", float("nan")) for m in steps]
+    gaps = [b["time_unix"] - a["time_unix"] for a, b in zip(steps, steps[1:], strict=False)]
+    return {
+        "steps": len(steps),
+        "wall_s": wall,
+        "samples": samples,
+        "samples_per_s": samples / max(wall, 1e-9),
+        "steps_per_s": len(steps) / max(wall, 1e-9),
+        "learner_idle": idle,
+        "learner_idle_from_go": idle_go,
+        "learner_busy_per_step_s": busy,
+        "rollout_idle": 1.0 - rollout_busy / max(1e-9, workers * wall),
+        "staleness_mean": sum(k * n for k, n in stal.items()) / max(1, accepted),
+        "staleness_max": max((k for k, n in stal.items() if n), default=0),
+        "rejection_rate": (rejected + janitor_removed) / max(1, rejected + janitor_removed + accepted),
+        "rejected_batches": rejected + janitor_removed,
+        "revoked_leases": revoked,
+        "expired_leases": expired,
+        "reward_mean": statistics.fmean(rewards) if rewards else float("nan"),
+        "first_step_s": first["time_unix"] - t_go,
+        "max_step_gap_s": max([first["time_unix"] - t_go, *gaps]),
+    }
+
+
+def batch_seconds(events: Sequence[Event]) -> dict[str, list[float]]:
+    """worker -> durations of its completed leases (granted -> RolloutCompleted)."""
+    granted: dict[str, tuple[str, float]] = {}
+    out: dict[str, list[float]] = {}
+    for e in events:
+        if e.type == "LeaseGranted":
+            granted[e.attrs.get("lease", "")] = (e.attrs.get("worker", ""), e.t)
+        elif e.type == "RolloutCompleted" and e.attrs.get("lease", "") in granted:
+            worker, t0 = granted.pop(e.attrs["lease"])
+            out.setdefault(worker, []).append(e.t - t0)
+    return out
+
+
+def barrier_release_s(events: Sequence[Event]) -> list[float]:
+    """Sync mode: for each lease granted at version v, seconds since AdapterPublished(v). The time a
+    worker sits at the barrier after what it waits for exists: the lease poll interval."""
+    published: dict[int, float] = {}
+    out = []
+    for e in events:
+        if e.type == "AdapterPublished":
+            published[int(e.attrs.get("version", "0"))] = e.t
+        elif e.type == "LeaseGranted" and e.attrs.get("attempt") == "1":
+            v = int(e.attrs.get("version", "0"))
+            if v in published:
+                out.append(e.t - published[v])
+    return out
+
+
+def reward_noise_check(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
+    """Paired per-step reward difference a - b: (mean, standard error)."""
+    d = [x - y for x, y in zip(a, b, strict=False) if x == x and y == y]
+    if len(d) < 2:
+        return float("nan"), float("nan")
+    return statistics.fmean(d), statistics.stdev(d) / math.sqrt(len(d))
+
+
+# ---------------------------------------------------------------- the system as processes
+
+
+def _tail(path: Path, n: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+class System:
+    """redis-server, a file:// bucket, `brigade proxy` and `brigade janitor`, plus learner and worker
+    hosts; everything under `root`, stopped by `stop()`."""
+
+    def __init__(self, root: Path, janitor_interval: float = 1.0):
+        self.root = Path(root)
+        self.logs = self.root / "logs"
+        self.signals = self.root / "signals"
+        self.janitor_interval = janitor_interval
+        self.redis = None
+        self.fleet = None
+        self.proxy = ""
+        self.bucket = f"file://{self.root / 'bucket'}"
+
+    def __enter__(self) -> System:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        from brigade_cli.devservers import free_port, start_redis
+        from brigade_cli.up import Fleet, wait_for_proxy
+
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.signals.mkdir(parents=True, exist_ok=True)
+        self.redis = start_redis(self.root / "redis")
+        self.proxy = f"127.0.0.1:{free_port()}"
+        env = dict(os.environ, BRIGADE_REDIS_URL=self.redis.url, BRIGADE_BUCKET=self.bucket, BRIGADE_PROXY=self.proxy,
+                   BRIGADE_LISTEN=self.proxy, BRIGADE_TOKEN="", BRIGADE_LOG_FORMAT="json", OMP_NUM_THREADS="1",
+                   PYTHONWARNINGS="ignore", TOKENIZERS_PARALLELISM="false")
+        self.fleet = Fleet(env)
+        self.fleet.spawn("proxy", ["proxy"], self.logs)
+        asyncio.run(wait_for_proxy(self.proxy, "", timeout=60))
+        self.fleet.spawn("janitor", ["janitor", "--interval", str(self.janitor_interval),
+                                     "--lock-ttl-ms", str(int(self.janitor_interval * 5000))], self.logs)
+
+    def stop(self) -> None:
+        if self.fleet is not None:
+            self.fleet.stop_all()
+        if self.redis is not None:
+            self.redis.stop()
+
+    # ------------------------------------------------------------ runs and hosts
+
+    def create_run(self, spec) -> None:
+        from brigade_cli.up import create_run
+
+        asyncio.run(create_run(self.proxy, "", spec))
+
+    def _spawn(self, name: str, args: list[str]):
+        from brigade_cli.up import Child
+
+        child = Child(name, [sys.executable, "-m", "brigade_bench.system", *args], self.logs / f"{name}.log")
+        child.start(self.fleet.env)
+        self.fleet.children.append(child)
+        return child
+
+    def learner_host(self, runs: Sequence[str], learner_step_s: float = 0.0):
+        return self._spawn("learner", ["learner", "--proxy", self.proxy, "--bucket", self.bucket,
+                                       "--runs", ",".join(runs), "--signals", str(self.signals),
+                                       "--learner-step-s", str(learner_step_s)])
+
+    def worker_host(self, worker_id: str, factor: float, runs: Sequence[str], delay: DelayModel, name: str = ""):
+        return self._spawn(name or f"rollout-{worker_id}", [
+            "worker", "--proxy", self.proxy, "--bucket", self.bucket, "--runs", ",".join(runs),
+            "--signals", str(self.signals), "--worker-id", worker_id, "--speed-factor", str(factor),
+            "--delay", json.dumps(asdict(delay)), "--engine-log", str(self.logs / f"engine-{worker_id}.jsonl")])
+
+    def signal(self, name: str) -> float:
+        t = time.time()
+        (self.signals / name).touch()
+        return t
+
+    def wait_signals(self, names: Sequence[str], timeout: float, children: Sequence = ()) -> None:
+        deadline = time.monotonic() + timeout
+        while not all((self.signals / n).exists() for n in names):
+            for c in children:
+                if not c.alive():
+                    raise RuntimeError(f"{c.name} exited with {c.proc.returncode}:\n{_tail(c.log)}")
+            if time.monotonic() > deadline:
+                missing = [n for n in names if not (self.signals / n).exists()]
+                raise TimeoutError(f"no {missing} after {timeout:.0f}s")
+            time.sleep(0.05)
+
+    def metrics(self, run: str) -> tuple[list[dict], object]:
+        from brigade_cli.up import poll_metrics
+
+        metrics, state, _ = asyncio.run(poll_metrics(self.proxy, "", run))
+        return sorted(metrics, key=lambda m: m["step"]), state
+
+    def events(self, run: str) -> list[Event]:
+        import redis
+
+        from brigade import keys
+
+        r = redis.Redis.from_url(self.redis.url)
+        try:
+            rows = r.xrange(keys.RunKeys(run).events, "-", "+")
+        finally:
+            r.close()
+        out = []
+        for entry_id, fields in rows:
+            attrs = {k.decode(): v.decode() for k, v in fields.items()}
+            out.append(Event(attrs.pop("type", ""), int(entry_id.decode().split("-")[0]) / 1000, attrs))
+        return out
+
+    def engine_log(self, run: str) -> list[dict]:
+        rows = []
+        for path in self.logs.glob("engine-*.jsonl"):
+            for line in path.read_text().splitlines():
+                with contextlib.suppress(ValueError):
+                    row = json.loads(line)
+                    if row.get("run") == run:
+                        rows.append(row)
+        return rows
+
+    def rollout_rewards(self, run: str) -> dict[int, list[float]]:
+        """policy version -> every scored sample's reward of the rollouts generated with it (from the
+        text sidecars the workers upload next to each rollout object)."""
+        out: dict[int, list[float]] = {}
+        for path in (self.root / "bucket" / "runs" / run / "rollouts").glob("*/attempt-*.json"):
+            with contextlib.suppress(ValueError, OSError):
+                doc = json.loads(path.read_text())
+                rewards = [r["reward"] for r in doc["samples"] if r.get("reward") is not None]
+                out.setdefault(int(doc["policy_version"]), []).extend(rewards)
+        return out
+
+    def run_until(self, run: str, steps: int, timeout: float, children: Sequence = (),
+                  tick: Callable[[float], None] | None = None) -> tuple[float, bool]:
+        """Start `run` (the learner and workers are waiting for its go signal) and wait until the
+        learner has finished `steps` steps. Returns (go time, finished in time)."""
+        t_go = self.signal(f"go-{run}")
+        deadline = time.monotonic() + timeout
+        done = self.signals / f"done-learner-{run}"
+        while not done.exists():
+            if time.monotonic() > deadline:
+                return t_go, False
+            for c in children:  # a host that died (not one we killed: those are not passed here) ends the run
+                if not c.alive() and not done.exists() and (c.name == "learner" or c.proc.returncode != 0):
+                    raise RuntimeError(f"{c.name} exited with {c.proc.returncode}:\n{_tail(c.log)}")
+            if tick is not None:
+                tick(t_go)
+            time.sleep(0.1)
+        return t_go, True
+
+    def run_result(self, run: str, steps: int, t_go: float, finished: bool, workers: int,
+                   killed: dict[str, float] | None = None) -> dict:
+        """What a benchmark keeps of a run after `run_until`: its first `steps` metrics, its events,
+        when it went and ended, and its figures."""
+        metrics = self.metrics(run)[0][:steps]
+        events = self.events(run)
+        t_end = metrics[-1]["time_unix"] if metrics else time.time()
+        return {"metrics": metrics, "events": events, "t_go": t_go, "t_end": t_end, "finished": finished,
+                "figures": run_figures(metrics, events, t_go, workers, killed=killed)}
+
+
+# ---------------------------------------------------------------- hosts (child processes)
+
+
+async def _wait_file(path: Path) -> None:
+    while not path.exists():
+        await asyncio.sleep(0.01)
+
+
+async def _learner_host(a: argparse.Namespace) -> None:
+    from brigade.bucket import open_bucket
+    from brigade.log import configure_logging
+    from brigade.rpc import ProxyClient
+    from brigade.v1 import brigade_pb2 as pb
+    from brigade_learner.learner import Learner, LearnerConfig
+    from brigade_learner.trainer import Trainer
+
+    configure_logging("learner", "info")
+    signals = Path(a.signals)
+    main = asyncio.current_task()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main.cancel)
+    for run in a.runs.split(","):
+        client = ProxyClient.connect(a.proxy)
+        bucket = open_bucket(a.bucket)
+        try:
+            await bucket.ensure()
+            spec = (await client.runs.GetRun(pb.RunRef(run_id=run), timeout=30)).spec
+            trainer = await asyncio.to_thread(Trainer.create, spec)
+            if a.learner_step_s > 0:
+                simulate_learner_device(trainer, a.learner_step_s)
+            learner = Learner(LearnerConfig(proxy=a.proxy, bucket=a.bucket, run=run), spec, bucket, client, trainer)
+            (signals / f"ready-learner-{run}").touch()
+            await _wait_file(signals / f"go-{run}")
+            await learner.run()
+            (signals / f"done-learner-{run}").touch()
+        finally:
+            await bucket.close()
+            await client.close()
+
+
+async def _worker_host(a: argparse.Namespace) -> int:
+    from brigade.engine.hf import make_engine
+    from brigade.log import configure_logging
+    from brigade.rpc import ProxyClient
+    from brigade.v1 import brigade_pb2 as pb
+    from brigade_rollout.worker import Worker, WorkerConfig
+
+    configure_logging("rollout", "info")
+    signals, runs = Path(a.signals), a.runs.split(",")
+    delay = DelayModel(**json.loads(a.delay))
+    client = ProxyClient.connect(a.proxy)
+    try:
+        spec = (await client.runs.GetRun(pb.RunRef(run_id=runs[0]), timeout=30)).spec
+    finally:
+        await client.close()
+    engine = await asyncio.to_thread(make_engine, "hf", spec, device="cpu")
+    current: list[Worker] = []
+    stopping = asyncio.Event()
+
+    def stop() -> None:
+        stopping.set()
+        for w in current:
+            w.stop()
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop)
+    for run in runs:
+        if stopping.is_set():
+            break
+        engine.load_adapter(0, None)  # version numbers restart with each run: start from the fresh LoRA
+        (signals / f"ready-{a.worker_id}-{run}").touch()
+        await _wait_file(signals / f"go-{run}")
+        cfg = WorkerConfig(proxy=a.proxy, bucket=a.bucket, run=run, worker_id=a.worker_id, exit_when_finished=True,
+                           capacity_class="spot")
+        worker = Worker(cfg, engine=DelayedEngine(engine, a.speed_factor, delay, Path(a.engine_log), run))
+        current[:] = [worker]
+        code = await worker.run()
+        if code:
+            return code
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m brigade_bench.system")
+    p.add_argument("role", choices=["learner", "worker"])
+    p.add_argument("--proxy", required=True)
+    p.add_argument("--bucket", required=True)
+    p.add_argument("--runs", required=True, help="comma-separated run ids, served one after the other")
+    p.add_argument("--signals", required=True, help="folder of ready/go/done files")
+    p.add_argument("--worker-id", default="")
+    p.add_argument("--speed-factor", type=float, default=1.0)
+    p.add_argument("--delay", default="{}", help="DelayModel fields as JSON")
+    p.add_argument("--engine-log", default="")
+    p.add_argument("--learner-step-s", type=float, default=0.0,
+                   help="simulated duration of one GRPO step on the learner's device (0 = real time)")
+    a = p.parse_args(argv)
+    if a.role == "learner":
+        with contextlib.suppress(asyncio.CancelledError):
+            asyncio.run(_learner_host(a))
+        return
+    sys.exit(asyncio.run(_worker_host(a)))
+
+
+if __name__ == "__main__":
+    main()

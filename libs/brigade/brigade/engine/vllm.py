@@ -1,0 +1,157 @@
+"""The `vllm` engine: the production rollout engine on a CUDA GPU (`pip install brigade[vllm]`).
+
+How it maps brigade onto vLLM:
+
+- one `LLM(model, enable_lora=True, max_loras=max_staleness + 2, max_lora_rank=spec.lora.rank, ...)`
+  per worker: enough adapter slots for every version still inside the staleness window plus the
+  one being swapped in, so a swap never evicts a version a queued request still needs;
+- every adapter version gets a fresh `LoRARequest(f"{run}-v{version}", version + 1, path)`: vLLM
+  caches adapters by integer id and keys its prefix cache by name, so a reused name or id would
+  serve stale weights. Version 0 is the base model (a fresh LoRA has B = 0), so it needs none;
+- the adapter is written to a local folder in PEFT format (adapter_model.safetensors +
+  adapter_config.json), which is what `LoRARequest`'s path expects, whichever payload (bf16 or
+  int8) it arrived in;
+- `SamplingParams(n=G, seed=..., temperature, top_p, top_k, max_tokens, logprobs=0)` per prompt,
+  with `logprobs_mode="processed_logprobs"` on the engine where vLLM has it, so the returned
+  log-probs are of the distribution actually sampled (after temperature, top-k, top-p), as the
+  learner's ratio expects. Older vLLM returns raw log-probs; that is logged at start.
+
+Generation stops cooperatively between chunks of prompts (`chunk_prompts`), not per token.
+The request-building functions are pure and unit-tested without vLLM or a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import structlog
+import torch
+from safetensors.torch import save_file
+
+from brigade.engine.hf import Sample, StopFn, Stopped, WrongAdapter
+from brigade.model import resolve_model
+from brigade.v1 import brigade_pb2 as pb
+
+INSTALL_HINT = "the vllm engine needs `pip install brigade[vllm]` and a CUDA GPU"
+log = structlog.get_logger()
+
+
+def llm_kwargs(spec: pb.RunSpec, model_path: str, gpu_memory_utilization: float = 0.85,
+               processed_logprobs: bool = True) -> dict[str, Any]:
+    dtype = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}[spec.dtype or "bfloat16"]
+    kw: dict[str, Any] = dict(
+        model=model_path, dtype=dtype, seed=int(spec.seed) & 0x7FFFFFFF, enable_lora=True,
+        max_loras=spec.staleness.max_staleness + 2, max_lora_rank=spec.lora.rank,
+        gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=True,
+    )
+    if processed_logprobs:
+        kw["logprobs_mode"] = "processed_logprobs"
+    return kw
+
+
+def lora_request_args(run: str, version: int, path: str | Path) -> dict[str, Any] | None:
+    """Keyword arguments of LoRARequest for one adapter version; None for v0 (the base model)."""
+    if version == 0:
+        return None
+    return dict(lora_name=f"{run}-v{version}", lora_int_id=version + 1, lora_path=str(path))
+
+
+def sampling_kwargs(sampling: pb.SamplingSpec, seed: int, index: int) -> dict[str, Any]:
+    """SamplingParams for prompt `index` of a batch: its own seed, so prompts do not share noise."""
+    return dict(
+        n=sampling.group_size, seed=(seed + index) & (2**63 - 1), temperature=sampling.temperature,
+        top_p=sampling.top_p or 1.0, top_k=sampling.top_k if sampling.top_k > 0 else -1,
+        max_tokens=sampling.max_new_tokens, logprobs=0,
+    )
+
+
+def peft_config_json(spec: pb.RunSpec) -> bytes:
+    from brigade.model import lora_config
+
+    config = lora_config(spec).to_dict()
+    config = {k: sorted(v) if isinstance(v, set) else v for k, v in config.items()}
+    return json.dumps(config, default=str).encode()
+
+
+def write_peft_folder(folder: Path, state: dict[str, torch.Tensor], config_json: bytes, dtype=torch.bfloat16) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.to(dtype).contiguous() for k, v in state.items()}, str(folder / "adapter_model.safetensors"))
+    (folder / "adapter_config.json").write_bytes(config_json)
+    return folder
+
+
+def samples_from_outputs(outputs: list[Any], eos_token_id: int) -> list[Sample]:
+    """RequestOutputs (one per prompt, in order) to Samples; each completion's `logprobs` is a list
+    of {token_id: Logprob} with the sampled token present (logprobs=0 returns just that one)."""
+    samples = []
+    for group, out in enumerate(outputs):
+        prompt = list(out.prompt_token_ids)
+        for c in out.outputs:
+            ids = list(c.token_ids)
+            lps = [float(step[tok].logprob) for tok, step in zip(ids, c.logprobs, strict=True)]
+            reason = getattr(c, "finish_reason", None)  # "stop" (eos or a stop token) or "length"
+            finished = reason == "stop" if reason else bool(ids) and ids[-1] == eos_token_id
+            samples.append(Sample(group, prompt, ids, lps, finished))
+    return samples
+
+
+class VLLMEngine:
+    name = "vllm"
+
+    def __init__(self, spec: pb.RunSpec, chunk_prompts: int = 64, **llm_overrides: Any):
+        try:
+            from vllm import LLM
+        except ImportError as e:
+            raise RuntimeError(INSTALL_HINT) from e
+        if not torch.cuda.is_available():
+            raise RuntimeError(INSTALL_HINT)
+        self.spec, self.chunk_prompts = spec, chunk_prompts
+        path = resolve_model(spec.model)
+        kw = llm_kwargs(spec, path) | llm_overrides
+        try:
+            self.llm = LLM(**kw)
+        except TypeError:  # vLLM without logprobs_mode: raw log-probs, the learner's TIS must absorb it
+            log.warning("vllm has no logprobs_mode; behaviour log-probs are raw, not processed")
+            self.llm = LLM(**llm_kwargs(spec, path, processed_logprobs=False) | llm_overrides)
+        self.tokenizer = self.llm.get_tokenizer()
+        self._dir = Path(tempfile.mkdtemp(prefix="brigade-vllm-"))
+        self._config_json = peft_config_json(spec)
+        self._request = None
+        self.version: int | None = 0
+
+    @classmethod
+    def from_spec(cls, spec: pb.RunSpec, device: str | None = None, **kw) -> VLLMEngine:
+        return cls(spec, **kw)
+
+    def load_adapter(self, version: int, state: dict[str, torch.Tensor] | None) -> None:
+        from vllm.lora.request import LoRARequest
+
+        if version == self.version:
+            return
+        args = None
+        if version != 0:
+            folder = write_peft_folder(self._dir / f"v{version:08d}", state, self._config_json)
+            args = lora_request_args(self.spec.run_id, version, folder)
+        self._request = LoRARequest(**args) if args else None
+        self.version = version
+
+    def generate(self, prompts: list[str], sampling: pb.SamplingSpec, seed: int, adapter_version: int,
+                 should_stop: StopFn) -> list[Sample]:
+        from vllm import SamplingParams
+
+        if adapter_version != self.version:
+            raise WrongAdapter(f"asked for adapter v{adapter_version}, v{self.version} is loaded")
+        out: list[Sample] = []
+        for start in range(0, len(prompts), self.chunk_prompts):
+            if should_stop():
+                raise Stopped()
+            chunk = prompts[start : start + self.chunk_prompts]
+            params = [SamplingParams(**sampling_kwargs(sampling, seed, start + i)) for i in range(len(chunk))]
+            results = self.llm.generate(chunk, params, lora_request=self._request, use_tqdm=False)
+            for s in samples_from_outputs(results, self.tokenizer.eos_token_id):
+                s.group += start
+                out.append(s)
+        return out

@@ -1,0 +1,99 @@
+"""Local servers for tests, benchmarks and `brigade up`: a redis-server and an S3 API (moto).
+
+Both run as child processes on free loopback ports, so nothing shares the machine's own Redis
+on 6379 and nothing competes with the caller for the GIL.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_port(port: int, timeout: float = 15.0, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server on port {port} exited with code {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout:.0f}s")
+
+
+@dataclass
+class ServerProcess:
+    proc: subprocess.Popen
+    port: int
+    url: str
+    workdir: Path | None = None
+    argv: list[str] = field(default_factory=list)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def restart(self, timeout: float = 15.0) -> None:
+        """Start the same server again on the same port (same data folder: AOF survives)."""
+        self.stop()
+        self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for_port(self.port, timeout, self.proc)
+
+
+def start_redis(workdir: str | Path, port: int | None = None, appendonly: bool = False) -> ServerProcess:
+    exe = shutil.which("redis-server")
+    if exe is None:
+        raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
+    port = port or free_port()
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    argv = [
+        exe, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(workdir),
+        "--save", "", "--appendonly", "yes" if appendonly else "no",
+        "--appendfsync", "everysec", "--protected-mode", "no", "--daemonize", "no",
+    ]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_for_port(port, proc=proc)
+    return ServerProcess(proc, port, f"redis://127.0.0.1:{port}/0", workdir, argv)
+
+
+def start_moto(port: int | None = None) -> ServerProcess:
+    """moto's S3 HTTP server (server mode, as aiobotocore's own tests use it)."""
+    port = port or free_port()
+    argv = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    wait_for_port(port, timeout=30, proc=proc)
+    return ServerProcess(proc, port, f"http://127.0.0.1:{port}", None, argv)
+
+
+# Credentials moto accepts; set for a process that talks to a local moto server.
+MOTO_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}

@@ -1,0 +1,117 @@
+"""The single `brigade` entry point. Service commands live in their service folders and keep heavy
+imports (torch, transformers) inside the command body, so `brigade proxy`, `brigade janitor` and
+`brigade ctl` start without them."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import json
+
+import typer
+
+app = typer.Typer(
+    name="brigade",
+    help="Asynchronous GRPO on LoRA adapters across preemptible workers: a bucket, a lease proxy, no NCCL.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+
+@app.callback()
+def _root() -> None:
+    """brigade: one command per service, plus `up`, `ctl`, `cost` and `bench`."""
+
+
+# name -> "module:function"; each function is a typer command. Services are separate
+# distributions (an image installs only its own), so a service that is not installed gets a
+# command that says how to install it instead of breaking `brigade` for everything else.
+SERVICE_COMMANDS = {
+    "proxy": ("brigade_proxy.cli:proxy", "brigade-proxy"),
+    "janitor": ("brigade_janitor.cli:janitor", "brigade-janitor"),
+    "learner": ("brigade_learner.cli:learner", "brigade-learner"),
+    "rollout": ("brigade_rollout.cli:rollout", "brigade-rollout"),
+    "evaluator": ("brigade_evaluator.cli:evaluator", "brigade-evaluator"),
+}
+LOCAL_COMMANDS = {
+    "up": "brigade_cli.up:up",
+    "cost": "brigade_cli.cost:cost",
+}
+SUB_APPS = {
+    "ctl": "brigade_cli.ctl:app",
+}
+
+
+def _load(target: str):
+    module, attr = target.split(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def _not_installed(name: str, distribution: str):
+    def command() -> None:
+        typer.echo(f"brigade {name}: the {distribution} package is not installed here "
+                   f"(pip install {distribution}, or `make install` in a checkout)", err=True)
+        raise typer.Exit(2)
+
+    command.__doc__ = f"(not installed: pip install {distribution})"
+    return command
+
+
+for _name, (_target, _distribution) in SERVICE_COMMANDS.items():
+    try:
+        _command = _load(_target)
+    except ModuleNotFoundError as _e:
+        if not (_e.name or "").startswith(_target.split(".")[0]):
+            raise
+        _command = _not_installed(_name, _distribution)
+    app.command(_name)(_command)
+for _name, _target in LOCAL_COMMANDS.items():
+    app.command(_name)(_load(_target))
+for _name, _target in SUB_APPS.items():
+    app.add_typer(_load(_target), name=_name)
+
+BENCHMARKS = ["bucket", "proxy", "learner", "rollout", "fleet", "sync-latency", "preemption"]
+
+
+def run_benchmark(name: str, quick: bool) -> dict:
+    """Each benchmark is `brigade_bench.<name>.run(quick) -> dict`, sync or async."""
+    module = importlib.import_module(f"brigade_bench.{name.replace('-', '_')}")
+    result = module.run(quick=quick)
+    if inspect.iscoroutine(result):
+        result = asyncio.run(result)
+    return result
+
+
+@app.command()
+def bench(
+    name: str = typer.Argument(..., help=f"One of: {', '.join(BENCHMARKS)}, or 'all'."),
+    as_json: bool = typer.Option(False, "--json", help="Print one flat JSON object as the last line."),
+    quick: bool = typer.Option(False, "--quick", help="Fewer rounds; finishes in a few minutes."),
+    report: str = typer.Option("", "--report", help="With 'all': write a Markdown report here."),
+) -> None:
+    """Run a benchmark; ratios compare with a baseline measured in the same run."""
+    if name == "all":
+        from brigade_bench.report import run_all
+
+        run_all(quick=quick, report_path=report or "bench/report.md")
+        return
+    if name not in BENCHMARKS:
+        raise typer.BadParameter(f"unknown benchmark {name!r}; choose from {', '.join(BENCHMARKS)} or all")
+    result = run_benchmark(name, quick)
+    if not as_json:
+        width = max(len(k) for k in result)
+        for key, value in result.items():
+            shown = f"{value:.4g}" if isinstance(value, float) else value
+            typer.echo(f"{key:<{width}}  {shown}")
+    typer.echo(json.dumps(result))
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""`brigade evaluator`: on AdapterPublished (every `eval_every` versions) enqueue an rq job that
+scores the adapter on held-out prompts; by default also runs the rq worker that executes them."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+
+import typer
+
+from brigade import options
+
+QUEUE = "brigade-evals"
+
+
+def eval_queue(run: str) -> str:
+    return f"{QUEUE}:{run}"
+
+
+def should_evaluate(version: int, eval_every: int) -> bool:
+    return eval_every > 0 and version > 0 and version % eval_every == 0
+
+
+async def watch(redis_url: str, bucket: str, run: str, log) -> None:
+    from redis import Redis
+    from rq import Queue as RqQueue
+
+    from brigade.queue import Queue
+
+    queue = Queue(redis_url)
+    rq_queue = RqQueue(eval_queue(run), connection=Redis.from_url(redis_url))
+    try:
+        while not await queue.run_exists(run):
+            log.info("waiting for the run to be created", run=run)
+            await asyncio.sleep(2)
+        spec = (await queue.run(run)).spec
+        # replay from the start: versions published while the evaluator was down get evaluated too;
+        # the job id makes a second enqueue of one version a no-op
+        async for event in queue.events(run, from_start=True):
+            if event.type != "AdapterPublished":
+                continue
+            version = int(event.attrs.get("version", "0"))
+            if not should_evaluate(version, spec.eval_every):
+                continue
+            job_id = f"eval-{run}-v{version}"
+            if rq_queue.fetch_job(job_id) is None:
+                rq_queue.enqueue("brigade_evaluator.evaluate.evaluate", run, version, bucket, redis_url,
+                                 job_id=job_id, job_timeout=600, result_ttl=86400, failure_ttl=86400)
+                log.info("evaluation queued", run=run, version=version)
+    finally:
+        await queue.close()
+
+
+def evaluator(
+    redis_url: options.RedisUrl = options.DEFAULTS.redis_url,
+    bucket: options.BucketUrl = options.DEFAULTS.bucket,
+    run: options.Run = options.DEFAULTS.run,
+    worker: bool = typer.Option(True, "--worker/--no-worker", help="Also run the rq worker that executes the jobs."),
+    log_level: options.LogLevel = options.DEFAULTS.log_level,
+) -> None:
+    """Evaluate published adapters on held-out prompts (rq jobs)."""
+    from brigade.log import configure_logging
+    from brigade.proc import die_with_parent
+
+    log = configure_logging("evaluator", log_level)
+    # SIGTERM (docker stop, systemd, brigade up) unwinds like Ctrl-C, so the rq worker is stopped too
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    child = None
+    if worker:
+        # SimpleWorker: jobs run in the worker process, so the base model loads once, not per job
+        child = subprocess.Popen([sys.executable, "-m", "rq.cli", "worker", "--url", redis_url, "--quiet",
+                                  "--worker-class", "rq.worker.SimpleWorker", eval_queue(run)], env=os.environ,
+                                 preexec_fn=die_with_parent)
+    try:
+        asyncio.run(watch(redis_url, bucket, run, log))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if child is not None and child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+            try:
+                child.wait(10)
+            except subprocess.TimeoutExpired:
+                child.kill()
+
+
+def main() -> None:
+    """`brigade-evaluator` (and `python -m brigade_evaluator`): the same command as `brigade evaluator`."""
+    typer.run(evaluator)

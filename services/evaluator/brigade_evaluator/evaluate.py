@@ -1,0 +1,98 @@
+"""The evaluation job: score one adapter version on held-out prompts.
+
+Runs inside an rq worker (see cli.py). The base model stays loaded in the worker process between
+jobs; each job swaps in the version's adapter (sha256-checked), samples `EVAL_GROUP` completions per
+held-out prompt with a seed fixed per version, and scores them with the run's reward functions.
+Results go to the bucket (`evals/v{version:08d}.json`, written once) and to the run's `evals` hash
+in Redis, where `brigade ctl adapters` and `metrics` read them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+
+from brigade import keys
+
+EVAL_GROUP = 4
+_engines: dict[str, object] = {}  # run -> HFEngine, kept across jobs in this worker process
+
+
+def _engine(run: str, spec):
+    from brigade.engine.hf import HFEngine
+
+    if run not in _engines:
+        _engines[run] = HFEngine.from_spec(spec)
+    return _engines[run]
+
+
+async def _evaluate(run: str, version: int, bucket_url: str, redis_url: str) -> dict:
+    import redis.asyncio as aioredis
+
+    from brigade import adapters
+    from brigade.bucket import AlreadyExists, open_bucket
+    from brigade.datasets import load_prompts
+    from brigade.rewards import RewardSet, RqSandbox, reward_queue
+    from brigade.v1 import brigade_pb2 as pb
+
+    started = time.monotonic()
+    r = aioredis.Redis.from_url(redis_url)
+    try:
+        spec_bytes = await r.get(keys.RunKeys(run).spec)
+        if not spec_bytes:
+            raise ValueError(f"no run {run!r} in Redis")
+        spec = pb.RunSpec.FromString(spec_bytes)
+        engine = _engine(run, spec)
+        async with open_bucket(bucket_url) as bucket:
+            state = None
+            if version > 0:
+                _, files = await adapters.read_version(bucket, run, version)
+                state = adapters.decode(files)
+            engine.load_adapter(version, state)
+            prompts = load_prompts(spec.eval_dataset or spec.dataset)
+            sampling = pb.SamplingSpec()
+            sampling.CopyFrom(spec.sampling)
+            sampling.group_size = EVAL_GROUP
+            seed = keys.batch_seed(run, f"eval:{version}", 0)
+            samples = await asyncio.to_thread(engine.generate, [p.text for p in prompts], sampling, seed, version,
+                                              lambda: False)
+            texts = engine.tokenizer.batch_decode([s.completion_ids for s in samples], skip_special_tokens=True)
+            columns: dict[str, list] = {}
+            for name in {c for p in prompts for c in p.columns}:
+                columns[name] = [prompts[s.group].columns.get(name, "") for s in samples]
+            # sandboxed rewards run as rq jobs on the run's reward queue, served by our own rq worker
+            sandbox = None
+            if any(r.sandboxed for r in spec.rewards):
+                sandbox = RqSandbox(redis_url, reward_queue(run), start_worker=True)
+            rewards = RewardSet.from_specs(spec.rewards, sandbox)
+            scores = await rewards.score([prompts[s.group].text for s in samples], texts,
+                                         [s.completion_ids for s in samples], columns)
+            await rewards.close()
+            total = [v for v in scores.total if v is not None and math.isfinite(v)]
+            result = {
+                "run": run, "version": version, "prompts": len(prompts), "samples": len(samples),
+                "reward_mean": sum(total) / len(total) if total else None,
+                "scored": len(total),
+                "per_function": {n: _mean(p) for n, p in zip(scores.names, scores.parts, strict=True)},
+                "eval_s": round(time.monotonic() - started, 3), "time_unix": time.time(),
+            }
+            try:
+                await bucket.put_new(keys.eval_key(run, version), json.dumps(result, indent=2).encode())
+            except AlreadyExists:
+                pass  # a retried job: the first result stands
+        await r.hset(keys.RunKeys(run).evals, str(version), json.dumps(result))
+        return result
+    finally:
+        await r.aclose()
+
+
+def _mean(values: list) -> float | None:
+    ok = [v for v in values if v is not None and math.isfinite(v)]
+    return sum(ok) / len(ok) if ok else None
+
+
+def evaluate(run: str, version: int, bucket_url: str, redis_url: str) -> dict:
+    """rq entry point (rq calls plain functions)."""
+    return asyncio.run(_evaluate(run, version, bucket_url, redis_url))

@@ -1,0 +1,479 @@
+"""The rollout worker loop: lease -> adapter -> generate -> score -> upload -> complete.
+
+    while running:
+        lease = AcquireLease()                      # back off with jitter while not granted
+        adapter = cache.get(lease.adapter_version)  # usually prefetched already (WatchRun)
+        samples = generate(batch, G, seed=lease.seed)   # in a thread; heartbeats keep flowing
+        rewards = score(samples)
+        put_new(rollout object), put_new(text sidecar)  # upload first ...
+        CompleteLease(manifest)                         # ... then complete, retried until answered
+
+Failure handling, in one place:
+- the proxy or the bucket unreachable: retried with exponential backoff and full jitter, each try
+  bounded by a timeout, forever while the process lives (logged);
+- a heartbeat answered REVOKED or LOST: generation stops at the next token, the work is dropped,
+  and the next lease is taken;
+- SIGTERM/SIGINT: generation stops, FailLease(PREEMPTED) requeues the batch at once, exit 0. If the
+  signal lands while a finished rollout is being committed, the commit gets COMMIT_GRACE_S first;
+- anything else wrong with one batch (a corrupt adapter, an engine error): FailLease(ERROR) and go
+  on; the proxy dead-letters a batch that keeps failing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import random
+import socket
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import grpc
+import structlog
+import torch
+
+from brigade import keys
+from brigade.adapters import InvalidAdapter
+from brigade.bucket import AlreadyExists, Bucket, CorruptObject, NotFound, open_bucket, sha256_hex
+from brigade.engine.hf import Engine, Sample, Stopped, Throttled, make_engine
+from brigade.rewards import RewardSet, RqSandbox, reward_queue
+from brigade.rollout_format import Rollout
+from brigade.rpc import ProxyClient, describe_rpc_error
+from brigade.v1 import brigade_pb2 as pb
+from brigade_rollout.adapter_cache import AdapterCache
+
+T = TypeVar("T")
+log = structlog.get_logger()
+
+RPC_TIMEOUT_S = 15.0       # one try of a unary call
+BUCKET_TIMEOUT_S = 120.0   # one try of a bucket operation
+BACKOFF_BASE_S, BACKOFF_CAP_S = 0.2, 15.0
+COMMIT_GRACE_S = 5.0       # a signal during upload/complete waits this long before giving up the batch
+FATAL_CODES = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
+               grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNIMPLEMENTED}
+RETRY_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED,
+               grpc.StatusCode.ABORTED, grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL}
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclass
+class WorkerConfig:
+    proxy: str
+    bucket: str
+    run: str
+    token: str = ""
+    tls_ca: str = ""
+    worker_id: str = field(default_factory=default_worker_id)
+    capacity_class: str = "spot"
+    price_per_hour: float = 0.0
+    engine: str = "hf"
+    max_batches: int = 0            # 0 = forever
+    exit_when_finished: bool = False
+    speed_factor: float = 1.0       # >1 simulates a slower device (engines.Throttled)
+    device: str = ""                # overrides spec.device
+    redis_url: str = ""             # rq queue for sandboxed rewards
+    reward_workers: bool = True     # start a local rq worker for them
+
+
+class FatalError(Exception):
+    """A configuration problem retrying cannot fix (bad token, bad request): the worker exits."""
+
+
+class LeaseGone(Exception):
+    """The proxy took the lease back (expired or revoked) before the rollout was completed."""
+
+
+class BatchError(Exception):
+    """This batch cannot be done here; FailLease(ERROR) and move on."""
+
+
+def backoff_s(attempt: int) -> float:
+    """Full jitter: uniform in [0, min(cap, base * 2^attempt)], so restarting workers spread out."""
+    return random.uniform(0, min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** min(attempt, 20)))
+
+
+def rpc_retryable(e: BaseException) -> bool:
+    if isinstance(e, grpc.aio.AioRpcError):
+        if e.code() in FATAL_CODES:
+            raise FatalError(describe_rpc_error(e)) from e
+        return e.code() in RETRY_CODES or e.code() == grpc.StatusCode.NOT_FOUND
+    return isinstance(e, (TimeoutError, ConnectionError))
+
+
+def bucket_retryable(e: BaseException) -> bool:
+    # missing, corrupt and create-only conflicts are answers, not outages
+    return not isinstance(e, (AlreadyExists, CorruptObject, NotFound, InvalidAdapter, ValueError, TypeError))
+
+
+async def retry(what: str, fn: Callable[[], Awaitable[T]], retryable: Callable[[BaseException], bool],
+                timeout_s: float) -> T:
+    attempt = 0
+    while True:
+        try:
+            return await asyncio.wait_for(fn(), timeout_s)
+        except Exception as e:
+            if not retryable(e):
+                raise
+            delay = backoff_s(attempt)
+            attempt += 1
+            msg = describe_rpc_error(e) if isinstance(e, grpc.aio.AioRpcError) else f"{type(e).__name__}: {e}"
+            log.warning(f"{what} failed; retrying", attempt=attempt, retry_in_s=round(delay, 2), error=msg)
+            await asyncio.sleep(delay)
+
+
+# ---------------------------------------------------------------- the rollout object
+
+
+def build_rollout(lease: pb.Lease, samples: list[Sample], totals: list[float | None],
+                  parts: list[list[float | None]], names: list[str], pad_id: int) -> Rollout:
+    n, p = len(samples), max(len(s.prompt_ids) for s in samples)
+    c = max(1, max(len(s.completion_ids) for s in samples))
+    prompt_ids = torch.full((n, p), pad_id, dtype=torch.int64)
+    prompt_mask = torch.zeros((n, p), dtype=torch.int8)
+    completion_ids = torch.full((n, c), pad_id, dtype=torch.int64)
+    completion_mask = torch.zeros((n, c), dtype=torch.int8)
+    logprobs = torch.zeros((n, c), dtype=torch.float32)
+    for i, s in enumerate(samples):
+        lp, lc = len(s.prompt_ids), len(s.completion_ids)
+        prompt_ids[i, p - lp :] = torch.tensor(s.prompt_ids)      # left-padded
+        prompt_mask[i, p - lp :] = 1
+        completion_ids[i, :lc] = torch.tensor(s.completion_ids)  # right-padded
+        completion_mask[i, :lc] = 1
+        logprobs[i, :lc] = torch.tensor(s.logprobs)
+    nan = float("nan")
+    return Rollout(
+        run_id=lease.run_id, batch_id=lease.batch.batch_id, attempt=lease.attempt,
+        policy_version=lease.adapter_version, prompt_ids=prompt_ids, prompt_mask=prompt_mask,
+        completion_ids=completion_ids, completion_mask=completion_mask, logprobs=logprobs,
+        rewards=torch.tensor([nan if r is None else r for r in totals], dtype=torch.float32),
+        reward_parts=torch.tensor([[nan if v is None else v for v in col] for col in parts],
+                                  dtype=torch.float32).T.reshape(n, len(parts)),
+        group=torch.tensor([s.group for s in samples], dtype=torch.int32), reward_names=names,
+    )
+
+
+def text_sidecar(lease: pb.Lease, worker_id: str, samples: list[Sample], completions: list[str],
+                 totals: list[float | None], parts: list[list[float | None]], names: list[str]) -> bytes:
+    prompts = lease.batch.prompts
+    rows = [
+        {"group": s.group, "prompt_id": prompts[s.group].id, "prompt": prompts[s.group].text, "completion": text,
+         "reward": total, "reward_parts": dict(zip(names, [col[i] for col in parts], strict=True)),
+         "finished": s.finished, "num_tokens": len(s.completion_ids)}
+        for i, (s, text, total) in enumerate(zip(samples, completions, totals, strict=True))
+    ]
+    doc = {"run_id": lease.run_id, "batch_id": lease.batch.batch_id, "attempt": lease.attempt,
+           "policy_version": lease.adapter_version, "worker_id": worker_id, "reward_names": names, "samples": rows}
+    return json.dumps(doc, indent=1).encode()
+
+
+# ---------------------------------------------------------------- the worker
+
+
+class Worker:
+    def __init__(self, cfg: WorkerConfig, engine: Engine | None = None):
+        self.cfg = cfg
+        self.engine = engine
+        self.log = log.bind(worker=cfg.worker_id, run=cfg.run)
+        self.client: ProxyClient | None = None
+        self.bucket: Bucket | None = None
+        self.cache: AdapterCache | None = None
+        self.rewards: RewardSet | None = None
+        self.spec: pb.RunSpec | None = None
+        self.stats = {"completed": 0, "duplicates": 0, "revoked": 0, "lost": 0, "failed": 0, "preempted": 0}
+        self._main: asyncio.Task | None = None
+        self._run_task: asyncio.Task | None = None
+        self._stopping = asyncio.Event()
+        self._lease_stop: threading.Event | None = None
+        self._committing = False
+
+    # -------------------------------------------------------------- lifecycle
+
+    async def run(self) -> int:
+        """Serve leases until max_batches, finished (with exit_when_finished) or stop(); the exit code."""
+        watcher = None
+        self._run_task = asyncio.current_task()
+        try:
+            await self._setup()
+            watcher = asyncio.create_task(self._watch(), name="watch-run")
+            # the loop runs as its own task so stop() can cancel it without cancelling our caller
+            self._main = asyncio.create_task(self._loop(), name="rollout-loop")
+            await self._main
+            return 0
+        except asyncio.CancelledError:
+            if not self._stopping.is_set():
+                raise
+            if (me := asyncio.current_task()) is not None:
+                me.uncancel()  # stop() cancelled us during setup (or the loop): a clean exit, not an error
+            return 0
+        except FatalError as e:
+            self.log.error("rollout worker cannot continue", error=str(e))
+            return 2
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+            await self._close()
+
+    def stop(self) -> None:
+        """SIGTERM/SIGINT: stop generating, hand the lease back (PREEMPTED), exit."""
+        if self._stopping.is_set():
+            return
+        self.log.info("stopping", committing=self._committing)
+        self._stopping.set()
+        if self._lease_stop is not None:
+            self._lease_stop.set()
+        target = self._main or self._run_task  # before the loop starts: interrupt the setup
+        if target is not None and not target.done():
+            if self._committing:
+                asyncio.get_running_loop().call_later(COMMIT_GRACE_S, target.cancel)
+            else:
+                target.cancel()
+
+    async def _setup(self) -> None:
+        cfg = self.cfg
+        self.client = ProxyClient.connect(cfg.proxy, cfg.token, cfg.tls_ca)
+        state = await retry("GetRun", lambda: self.client.runs.GetRun(pb.RunRef(run_id=cfg.run), timeout=RPC_TIMEOUT_S),
+                            rpc_retryable, RPC_TIMEOUT_S + 1)
+        self.spec = spec = state.spec
+        self.bucket = open_bucket(cfg.bucket)
+        self.cache = AdapterCache(self.bucket, cfg.run, capacity=spec.staleness.max_staleness + 2)
+        if state.latest_version:
+            self.cache.prefetch(state.latest_version)  # overlaps with loading the model
+        sandbox = None
+        if any(r.sandboxed for r in spec.rewards) and cfg.redis_url:
+            sandbox = RqSandbox(cfg.redis_url, reward_queue(cfg.run), start_worker=cfg.reward_workers)
+        try:
+            self.rewards = RewardSet.from_specs(spec.rewards, sandbox)
+        except ValueError as e:
+            if sandbox is not None:
+                sandbox.close()
+            raise FatalError(f"run {cfg.run}: {e}") from e
+        if self.engine is None:
+            t0 = time.monotonic()
+            try:
+                self.engine = await asyncio.to_thread(make_engine, cfg.engine, spec, device=cfg.device or None)
+            except (RuntimeError, ValueError, OSError, ImportError) as e:  # no vllm/GPU, bad model path, ...
+                raise FatalError(f"cannot start the {cfg.engine} engine for model {spec.model!r}: {e}") from e
+            self.log.info("engine ready", engine=cfg.engine, model=spec.model, seconds=round(time.monotonic() - t0, 2))
+        if cfg.speed_factor != 1.0:
+            self.engine = Throttled(self.engine, cfg.speed_factor)
+
+    async def _close(self) -> None:
+        for closer in (self.cache and self.cache.close, self.rewards and self.rewards.close,
+                       self.bucket and self.bucket.close, self.client and self.client.close):
+            if closer:
+                try:
+                    await asyncio.wait_for(closer(), 5)
+                except Exception as e:  # shutting down: report and go on closing the rest
+                    self.log.debug("close failed", error=repr(e))
+
+    # -------------------------------------------------------------- the loop
+
+    async def _loop(self) -> None:
+        cfg, done, idle = self.cfg, 0, 0
+        while not self._stopping.is_set() and (cfg.max_batches == 0 or done < cfg.max_batches):
+            req = pb.AcquireLeaseRequest(run_id=cfg.run, worker_id=cfg.worker_id, capacity_class=cfg.capacity_class,
+                                         price_per_hour=cfg.price_per_hour, engine=cfg.engine)
+            resp = await retry("AcquireLease", lambda req=req: self.client.lease.AcquireLease(req, timeout=RPC_TIMEOUT_S),
+                               rpc_retryable, RPC_TIMEOUT_S + 1)
+            if not resp.granted:
+                if resp.reason == "finished" and cfg.exit_when_finished:
+                    self.log.info("run finished; exiting", batches=done)
+                    return
+                if idle % 20 == 0:
+                    self.log.info("no lease", reason=resp.reason, retry_after_ms=resp.retry_after_ms)
+                idle += 1
+                await asyncio.sleep(max(50, resp.retry_after_ms) / 1000 * random.uniform(0.5, 1.5))
+                continue
+            idle = 0
+            if await self._process(resp.lease):
+                done += 1
+
+    async def _process(self, lease: pb.Lease) -> bool:
+        """One lease, start to finish. True when the rollout was handed to the proxy."""
+        t0 = time.monotonic()
+        stop = self._lease_stop = threading.Event()
+        lost: list[str] = []
+        hb = asyncio.create_task(self._heartbeat(lease, stop, lost), name="heartbeat")
+        blog = self.log.bind(batch=lease.batch.batch_id, attempt=lease.attempt, version=lease.adapter_version)
+        handed_over = False
+        try:
+            adapter = await self._adapter(lease.adapter_version)
+            await asyncio.to_thread(self.engine.load_adapter, adapter.version, adapter.state)
+            prompts = [p.text for p in lease.batch.prompts]
+            t_gen = time.monotonic()
+            samples = await asyncio.to_thread(self.engine.generate, prompts, self.spec.sampling, lease.seed,
+                                              lease.adapter_version, stop.is_set)
+            t_gen = time.monotonic() - t_gen
+            completions = self.engine.tokenizer.batch_decode([s.completion_ids for s in samples], skip_special_tokens=True)
+            scores = await self._score(lease, samples, completions)
+            if stop.is_set():
+                raise Stopped()
+            self._committing = True
+            manifest = await self._upload(lease, samples, completions, scores, adapter.payload, t0)
+            duplicate = await self._complete(lease, manifest)
+            handed_over = True
+            self.stats["duplicates" if duplicate else "completed"] += 1
+            blog.info("batch done", samples=manifest.num_samples, tokens=manifest.num_tokens,
+                      reward_mean=round(manifest.reward_mean, 4), generate_s=round(t_gen, 3),
+                      total_s=round(manifest.compute_seconds, 3), duplicate=duplicate)
+            return True
+        except (Stopped, asyncio.CancelledError) as e:
+            if self._stopping.is_set():  # SIGTERM: requeue the batch at once, unless it was handed over
+                if not handed_over:
+                    await self._fail(lease, pb.FailLeaseRequest.PREEMPTED, "worker shutting down", blog)
+                    self.stats["preempted"] += 1
+                raise asyncio.CancelledError() from None
+            if isinstance(e, asyncio.CancelledError):
+                raise
+            why = lost[0] if lost else "lost"
+            self.stats[why] += 1
+            blog.warning("lease taken back; work discarded", why=why)
+            return False
+        except LeaseGone as e:
+            self.stats["lost"] += 1
+            blog.warning("lease taken back before completion; rollout discarded", reason=str(e))
+            return False
+        except FatalError:
+            raise
+        except Exception as e:
+            self.stats["failed"] += 1
+            blog.error("batch failed", error=f"{type(e).__name__}: {e}", exc_info=not isinstance(e, BatchError))
+            await self._fail(lease, pb.FailLeaseRequest.ERROR, f"{type(e).__name__}: {e}", blog)
+            await asyncio.sleep(backoff_s(3))  # a broken setup should not spin through the queue
+            return False
+        finally:
+            hb.cancel()
+            self._lease_stop = None
+            self._committing = False
+
+    async def _adapter(self, version: int):
+        try:
+            return await retry(f"fetching adapter v{version}", lambda: self.cache.get(version), bucket_retryable,
+                               BUCKET_TIMEOUT_S)
+        except (NotFound, CorruptObject, InvalidAdapter) as e:
+            raise BatchError(f"adapter v{version} is unusable: {e}") from e
+
+    async def _score(self, lease: pb.Lease, samples: list[Sample], completions: list[str]):
+        prompts = lease.batch.prompts
+        names = sorted({k for p in prompts for k in p.columns})
+        columns = {k: [prompts[s.group].columns.get(k) for s in samples] for k in names}
+        return await self.rewards.score([prompts[s.group].text for s in samples], completions,
+                                        [s.completion_ids for s in samples], columns)
+
+    async def _upload(self, lease: pb.Lease, samples, completions, scores, payload: str, t0: float) -> pb.RolloutManifest:
+        cfg = self.cfg
+        totals = scores.total
+        pad = self.engine.tokenizer.pad_token_id
+        rollout = build_rollout(lease, samples, totals, scores.parts, scores.names, 0 if pad is None else pad)
+        data = rollout.to_bytes()
+        text = text_sidecar(lease, cfg.worker_id, samples, completions, totals, scores.parts, scores.names)
+        key = keys.rollout_key(lease.run_id, lease.batch.batch_id, lease.attempt)
+        text_key = keys.rollout_text_key(lease.run_id, lease.batch.batch_id, lease.attempt)
+        digest = await self._put_once(key, data, must_match=True)
+        await self._put_once(text_key, text, must_match=False)
+        if all(r is None for r in totals):
+            self.log.warning("no sample of the batch was scored", batch=lease.batch.batch_id)
+        return pb.RolloutManifest(
+            run_id=lease.run_id, batch_id=lease.batch.batch_id, attempt=lease.attempt, worker_id=cfg.worker_id,
+            policy_version=lease.adapter_version, uri=key, sha256=digest, size_bytes=len(data),
+            num_samples=rollout.num_samples, num_tokens=rollout.num_tokens,
+            reward_mean=reward_mean(totals),
+            compute_seconds=time.monotonic() - t0, price_per_hour=cfg.price_per_hour,
+            capacity_class=cfg.capacity_class, adapter_payload=payload, engine=self.engine.name,
+            created_ms=int(time.time() * 1000), text_uri=text_key,
+        )
+
+    async def _put_once(self, key: str, data: bytes, must_match: bool) -> str:
+        """Create-only put, idempotent across our own retries: a try that landed before its answer was
+        lost leaves the same bytes (a batch attempt is deterministic), which is fine."""
+        digest = sha256_hex(data)
+        try:
+            return await retry(f"uploading {key}", lambda: self.bucket.put_new(key, data), bucket_retryable,
+                               BUCKET_TIMEOUT_S)
+        except AlreadyExists:
+            existing = await retry(f"reading {key}", lambda: self.bucket.get(key), bucket_retryable, BUCKET_TIMEOUT_S)
+            if sha256_hex(existing) == digest:
+                return digest
+            if must_match:
+                raise BatchError(f"{key} already holds different bytes") from None
+            return sha256_hex(existing)
+
+    async def _complete(self, lease: pb.Lease, manifest: pb.RolloutManifest) -> bool:
+        req = pb.CompleteLeaseRequest(run_id=lease.run_id, lease_id=lease.lease_id, worker_id=self.cfg.worker_id,
+                                      manifest=manifest)
+
+        def retryable(e: BaseException) -> bool:  # only "did not get there": anything else is an answer
+            return isinstance(e, TimeoutError) or (isinstance(e, grpc.aio.AioRpcError) and e.code() in (
+                grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED))
+
+        try:
+            resp = await retry("CompleteLease", lambda: self.client.lease.CompleteLease(req, timeout=RPC_TIMEOUT_S),
+                               retryable, RPC_TIMEOUT_S + 1)
+        except grpc.aio.AioRpcError as e:
+            if e.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND):
+                # expired or revoked while we uploaded: the batch is already back in the queue
+                raise LeaseGone(e.details() or e.code().name) from e
+            raise BatchError(f"the proxy refused the rollout: {describe_rpc_error(e)}") from e
+        return resp.duplicate
+
+    async def _fail(self, lease: pb.Lease, reason: int, message: str, blog) -> None:
+        req = pb.FailLeaseRequest(run_id=lease.run_id, lease_id=lease.lease_id, worker_id=self.cfg.worker_id,
+                                  reason=reason, message=message[:1000])
+        try:  # one bounded try: if it does not land, the lease expires and the janitor requeues it
+            resp = await asyncio.shield(self.client.lease.FailLease(req, timeout=3))
+            blog.info("lease handed back", reason=pb.FailLeaseRequest.Reason.Name(reason), requeued=resp.requeued,
+                      next_attempt=resp.next_attempt, deadlettered=resp.deadlettered)
+        except (grpc.aio.AioRpcError, asyncio.CancelledError) as e:
+            blog.warning("FailLease did not land; the lease will expire instead", error=repr(e)[:200])
+
+    # -------------------------------------------------------------- background tasks
+
+    async def _heartbeat(self, lease: pb.Lease, stop: threading.Event, lost: list[str]) -> None:
+        interval = max(0.1, (lease.lease_seconds or 60) / 3)
+        req = pb.HeartbeatRequest(run_id=lease.run_id, lease_id=lease.lease_id, worker_id=self.cfg.worker_id)
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                resp = await self.client.lease.Heartbeat(req, timeout=interval)
+            except grpc.aio.AioRpcError as e:  # keep trying: the lease lives until its deadline
+                self.log.warning("heartbeat failed", error=describe_rpc_error(e))
+                continue
+            if resp.status in (pb.HeartbeatResponse.REVOKED, pb.HeartbeatResponse.LOST):
+                lost.append("revoked" if resp.status == pb.HeartbeatResponse.REVOKED else "lost")
+                stop.set()
+                self.log.warning("lease " + lost[0], batch=lease.batch.batch_id, message=resp.message)
+                return
+            if resp.latest_adapter_version > lease.adapter_version:
+                self.cache.prefetch(resp.latest_adapter_version)
+
+    async def _watch(self) -> None:
+        """Prefetch each adapter version as soon as it is published, off the critical path."""
+        after, attempt = "", 0
+        while True:
+            try:
+                async for ev in self.client.runs.WatchRun(pb.WatchRunRequest(run_id=self.cfg.run, after_id=after)):
+                    after, attempt = ev.id, 0
+                    if ev.type == "AdapterPublished" and ev.attrs.get("version", "").isdigit():
+                        self.log.info("adapter published; prefetching", version=int(ev.attrs["version"]))
+                        self.cache.prefetch(int(ev.attrs["version"]))
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # the stream broke (proxy restart): resubscribe after the last event seen
+                self.log.debug("WatchRun ended; resubscribing", error=repr(e)[:200])
+            await asyncio.sleep(backoff_s(attempt))
+            attempt += 1
+
+
+def reward_mean(values: list[float | None]) -> float:
+    """Mean over scored samples; 0 when none was (the proxy wants a finite number, and the learner
+    drops unscored samples by their NaN reward anyway)."""
+    scored = [v for v in values if v is not None and math.isfinite(v)]
+    return sum(scored) / len(scored) if scored else 0.0

@@ -1,0 +1,297 @@
+"""The learner process end to end: a real redis-server, the real proxy (in-process grpc.aio server), a
+real bucket, the real `brigade learner` command in a subprocess, and a driver that plays the rollout
+workers: it leases batches, generates them with the tiny model at the leased adapter version, and
+hands in the rollout objects.
+
+The learner is SIGKILLed between steps, in the middle of a checkpoint, between writing an adapter
+version and publishing it, and at an arbitrary moment from outside; every restart must resume from
+the newest complete checkpoint with no batch trained twice, none lost, contiguous versions, and a
+state that reproduces exactly from the previous checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+import torch
+import yaml
+
+from brigade import adapters, keys
+from brigade.bucket import open_bucket
+from brigade.config import build_spec
+from brigade.rollout_format import from_bytes
+from brigade.rpc import ProxyClient
+from brigade.v1 import brigade_pb2 as pb
+from brigade_cli.devservers import start_redis
+from brigade_learner import checkpoint
+from brigade_learner.trainer import Trainer
+from brigade_testing.synthetic import build_tiny_model, encode_prompts, make_rollout
+
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.timeout(240)]
+
+MAX_STEPS = 6
+HOSTILE = 2  # the driver's third rollout is not safetensors
+
+
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory):
+    """A redis-server of this module's own: the runs made here stay out of other tests' listings."""
+    server = start_redis(tmp_path_factory.mktemp("learner-redis"))
+    yield server.url
+    server.stop()
+
+
+def write_spec(tmp_path: Path, run: str, model_dir: Path, **overrides) -> Path:
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n"
+                               for a in range(5) for b in range(4)))
+    spec = {
+        "run_id": run, "model": str(model_dir), "dtype": "float32", "device": "cpu", "dataset": str(prompts),
+        "seed": 3, "max_steps": MAX_STEPS, "prompts_per_batch": 2, "batches_per_step": 1,
+        "lora": {"rank": 4, "alpha": 8.0, "target_modules": ["all-linear"]},
+        "sampling": {"group_size": 4, "max_new_tokens": 6},
+        "grpo": {"learning_rate": 0.02, "loss_agg": "grpo", "beta": 0.01},
+        "staleness": {"max_staleness": 2, "lease_seconds": 60},
+        "rewards": [{"function": "demo_sum"}],
+        "eval_every": 0,
+        **overrides,
+    }
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+async def drive_workers(addr: str, bucket_url: str, run: str, model_dir: Path, stop: asyncio.Event) -> int:
+    """Lease, generate with the leased version, upload, complete; until the run is finished."""
+    from transformers import AutoTokenizer
+
+    completed = 0
+    async with ProxyClient.connect(addr) as client, open_bucket(bucket_url) as bucket:
+        while True:  # the learner creates the run
+            try:
+                spec = (await client.runs.GetRun(pb.RunRef(run_id=run), timeout=5)).spec
+                break
+            except Exception:
+                if stop.is_set():
+                    return completed
+                await asyncio.sleep(0.2)
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        worker = Trainer.create(spec)  # the same v0 as the learner (seeded), used for sampling only
+        version = 0
+        while not stop.is_set():
+            resp = await client.lease.AcquireLease(pb.AcquireLeaseRequest(
+                run_id=run, worker_id="driver", capacity_class="spot", price_per_hour=0.5, engine="hf"), timeout=10)
+            if not resp.granted:
+                if resp.reason == "finished":
+                    return completed
+                await asyncio.sleep(min(resp.retry_after_ms, 500) / 1000)
+                continue
+            lease = resp.lease
+            if lease.adapter_version != version:
+                state = worker.v0
+                if lease.adapter_version > 0:
+                    _, files = await adapters.read_version(bucket, run, lease.adapter_version)
+                    state = adapters.decode(files)
+                adapters.apply(worker.model, state)
+                version = lease.adapter_version
+            t0 = time.monotonic()
+            ids, mask = encode_prompts(tokenizer, [p.text for p in lease.batch.prompts])
+            r = make_rollout(worker.model, ids, mask, run=run, batch_id=lease.batch.batch_id, attempt=lease.attempt,
+                             version=version, group_size=spec.sampling.group_size,
+                             max_new_tokens=spec.sampling.max_new_tokens, seed=lease.seed % 2**31,
+                             eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
+            data = b"\x80\x04not a rollout" if completed == HOSTILE else r.to_bytes()
+            key = keys.rollout_key(run, lease.batch.batch_id, lease.attempt)
+            sha = await bucket.put_new(key, data)
+            manifest = pb.RolloutManifest(
+                run_id=run, batch_id=lease.batch.batch_id, attempt=lease.attempt, worker_id="driver",
+                policy_version=version, uri=key, sha256=sha, size_bytes=len(data), num_samples=r.num_samples,
+                num_tokens=r.num_tokens, reward_mean=float(r.rewards.mean()), compute_seconds=time.monotonic() - t0,
+                price_per_hour=0.5, capacity_class="spot", adapter_payload="bf16", engine="hf",
+                created_ms=int(time.time() * 1000))
+            await client.lease.CompleteLease(pb.CompleteLeaseRequest(
+                run_id=run, lease_id=lease.lease_id, worker_id="driver", manifest=manifest), timeout=10)
+            completed += 1
+    return completed
+
+
+async def run_learner(addr: str, bucket_url: str, run: str, spec_path: Path, log_path: Path,
+                      die_at: str | None = None, kill_after_step: int | None = None,
+                      term_after_step: int | None = None) -> tuple[int, list[dict]]:
+    env = dict(os.environ, OMP_NUM_THREADS="1", BRIGADE_LOG_FORMAT="json", PYTHONWARNINGS="ignore")
+    env.pop("BRIGADE_LEARNER_DIE_AT", None)
+    if die_at:
+        env["BRIGADE_LEARNER_DIE_AT"] = die_at
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "brigade_cli.main", "learner", "--proxy", addr, "--bucket", bucket_url, "--run", run,
+        "--spec", str(spec_path), "--price-per-hour", "2.0", "--keep-checkpoints", "0", env=env, stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE)
+    events = []
+    with log_path.open("a") as log:
+        log.write(f"--- start die_at={die_at} kill_after_step={kill_after_step}\n")
+        async for line in proc.stderr:
+            log.write(line.decode())
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            events.append(event)
+            if kill_after_step is not None and event.get("event") == "step" and event.get("step") == kill_after_step:
+                proc.send_signal(signal.SIGKILL)  # from outside, wherever the learner happens to be
+            if term_after_step is not None and event.get("event") == "step" and event.get("step") == term_after_step:
+                proc.send_signal(signal.SIGTERM)  # a node drain: stop now, and say it did not finish
+    return await proc.wait(), events
+
+
+async def test_learner_survives_sigkill_anywhere(tmp_path, redis_url, file_bucket_url):
+    from brigade_proxy.server import start_server
+
+    run = f"kill-{os.getpid()}-{int(time.time())}"
+    model_dir = build_tiny_model(tmp_path / "model")
+    spec_path = write_spec(tmp_path, run, model_dir)
+    server = await start_server(redis_url, "127.0.0.1:0", bucket_url=file_bucket_url)
+    addr = f"127.0.0.1:{server.port}"
+    stop = asyncio.Event()
+    driver = asyncio.create_task(drive_workers(addr, file_bucket_url, run, model_dir, stop))
+    log_path = tmp_path / "learner.log"
+    try:
+        lives = [dict(die_at="after_ack@1"),          # between steps
+                 dict(die_at="mid_checkpoint@2"),     # part of the checkpoint written, no manifest
+                 dict(die_at="after_adapter@3"),      # version written, never published
+                 dict(kill_after_step=4),             # from outside, right after step 4 trained
+                 dict(term_after_step=5),             # SIGTERM: stops, exits 143 (not finished)
+                 dict()]                              # to the end
+        resumed, rejections = [], []
+        for life in lives:
+            rc, events = await asyncio.wait_for(run_learner(addr, file_bucket_url, run, spec_path, log_path, **life), 120)
+            resumed += [e for e in events if e.get("event") == "resumed"]
+            rejections += [e for e in events if e.get("event") == "rollout_rejected"]
+            expected = 0 if not life else 128 + signal.SIGTERM if "term_after_step" in life else -signal.SIGKILL
+            assert rc == expected, f"learner exited {rc} in life {life}; log: {log_path.read_text()[-3000:]}"
+        stop.set()
+        completed = await asyncio.wait_for(driver, 30)
+    finally:
+        stop.set()
+        driver.cancel()
+        await server.stop(0)
+    assert completed > MAX_STEPS
+
+    # every restart resumed from the newest complete checkpoint: 1, then 1 again (2 was half written), ...
+    assert [e["step"] for e in resumed][:3] == [1, 1, 3]
+
+    r = aioredis.from_url(redis_url)
+    k = keys.RunKeys(run)
+    consumed = {b.decode() for b in await r.smembers(k.consumed)}
+    rejected = {b.decode(): v.decode() for b, v in (await r.hgetall(k.rejected)).items()}
+    completed_ids = {b.decode() for b in await r.smembers(k.completed)}
+    pending_ids = {f[b"batch"].decode() for _, f in await r.xrange(k.rollouts) if b"batch" in f}
+    latest = int(await r.get(k.adapter_latest))
+    await r.aclose()
+
+    async with open_bucket(file_bucket_url) as bucket:
+        # versions contiguous, each complete, none beyond the last step
+        versions = sorted({int(key.split("/")[3][1:]) for key in await bucket.list(f"runs/{run}/adapters/")})
+        assert versions == list(range(1, MAX_STEPS + 1)) and latest == MAX_STEPS
+        for v in versions:
+            await adapters.read_version(bucket, run, v)
+        # one complete checkpoint per step; each step consumed exactly one new batch
+        ckpts = {}
+        for step in range(1, MAX_STEPS + 1):
+            files = await checkpoint.load_files(bucket, run, step)
+            assert files is not None, f"checkpoint {step} incomplete"
+            ckpts[step] = (files, json.loads(files[checkpoint.STATE]))
+        seen: set[str] = set()
+        per_step = {}
+        for step in range(1, MAX_STEPS + 1):
+            now = set(ckpts[step][1]["consumed"])
+            new = now - seen
+            assert seen <= now and len(new) == 1, f"step {step} consumed {sorted(new)} (before: {sorted(seen)})"
+            per_step[step] = new.pop()
+            seen = now
+        # no batch trained twice, none lost: the proxy agrees, nothing was both consumed and rejected,
+        # and every completed batch is consumed, rejected, or still waiting in the stream
+        assert consumed == seen
+        assert not consumed & set(rejected)
+        assert completed_ids <= consumed | set(rejected) | pending_ids
+        # the hostile object was rejected, and the learner said why (the count goes into the next
+        # step's metrics too, unless that step was lost to a kill and redone)
+        invalid = {e["batch"] for e in rejections if e["reason"] == "invalid"}
+        assert len(invalid) == 1 and rejected[invalid.pop()] == "learner"
+        metrics = [json.loads(await bucket.get(keys.metrics_key(run, s))) for s in range(1, MAX_STEPS + 1)]
+        assert [m["step"] for m in metrics] == list(range(1, MAX_STEPS + 1))
+        assert all(m["accepted_samples"] == 8 and m["dollars_per_sample"] > 0 for m in metrics)
+
+        # the state after a restart is exactly the checkpoint: replaying step 2 from checkpoint 1
+        # (the process that trained it had been killed and restarted in between) reproduces checkpoint 2
+        spec = build_spec({"run_id": run}, path=spec_path)
+        replay = Trainer.create(spec)
+        checkpoint.decode(replay, ckpts[1][0])
+        batch = per_step[2]
+        attempts = await bucket.list(f"runs/{run}/rollouts/{batch}/")
+        rollout = from_bytes(await bucket.get(attempts[-1]), replay.vocab_size)
+        replay.train_step([rollout])
+        expected = Trainer.create(spec)
+        checkpoint.decode(expected, ckpts[2][0])
+        for (name, a), (_, b) in zip(replay.model.named_parameters(), expected.model.named_parameters(), strict=True):
+            assert torch.equal(a, b), name
+
+
+async def test_publish_and_checkpoint_every_two_steps_in_process(tmp_path, redis_url, file_bucket_url):
+    """publish_every / checkpoint_every 2, int8 payload, TIS + recompute: versions still contiguous,
+    acks wait for the checkpoint, and a second learner continues where the first stopped; the
+    bucket keeps the newest two checkpoints."""
+    from brigade_learner.learner import LearnerConfig, serve
+    from brigade_proxy.server import start_server
+
+    run = f"every2-{os.getpid()}-{int(time.time())}"
+    model_dir = build_tiny_model(tmp_path / "model")
+    spec_path = write_spec(tmp_path, run, model_dir, publish_every=2, checkpoint_every=2, max_steps=6,
+                           adapter_payload="int8",
+                           grpo={"learning_rate": 0.02, "recompute_logprobs": True, "tis_cap": 2.0})
+    server = await start_server(redis_url, "127.0.0.1:0", bucket_url=file_bucket_url)
+    addr = f"127.0.0.1:{server.port}"
+    stop = asyncio.Event()
+    driver = asyncio.create_task(drive_workers(addr, file_bucket_url, run, model_dir, stop))
+    cfg = LearnerConfig(proxy=addr, bucket=file_bucket_url, run=run, spec_path=str(spec_path), price_per_hour=1.0,
+                        pull_wait_ms=200, keep_checkpoints=2)
+    try:
+        await asyncio.wait_for(serve(LearnerConfig(**{**cfg.__dict__, "max_steps": 4})), 90)
+        async with open_bucket(file_bucket_url) as bucket:
+            assert await checkpoint.steps(bucket, run) == [2, 4]
+            versions = {k.split("/")[3] for k in await bucket.list(f"runs/{run}/adapters/")}
+            assert versions == {"v00000001", "v00000002"}
+        await asyncio.wait_for(serve(cfg), 90)  # resumes at step 4, runs to the spec's 6
+        stop.set()
+        await asyncio.wait_for(driver, 30)
+    finally:
+        stop.set()
+        driver.cancel()
+        await server.stop(0)
+
+    async with open_bucket(file_bucket_url) as bucket:
+        assert await checkpoint.steps(bucket, run) == [4, 6]
+        manifests = [(await adapters.read_version(bucket, run, v))[0] for v in (1, 2, 3)]
+        assert [m.step for m in manifests] == [2, 4, 6] and all(m.payload == "int8" for m in manifests)
+        assert not await bucket.exists(keys.adapter_manifest_key(run, 4))
+        metrics = [json.loads(await bucket.get(keys.metrics_key(run, s))) for s in range(1, 7)]
+    assert [m["version"] for m in metrics] == [0, 1, 1, 2, 2, 3]
+    assert [m["published"] for m in metrics] == [0, 1, 0, 1, 0, 1]
+    # (the tiny adapter's safetensors header is large next to its tensors, so less than 3/4 is saved)
+    assert all(0 < m["quantization_error"] < 0.05 and m["adapter_size_saved"] > 0.3
+               for m in metrics if m["published"])
+    # the driver generated with the int8 payload; the learner recomputed with the same: weight 1
+    assert all(m["is_weight_mean"] == pytest.approx(1.0, abs=1e-4) for m in metrics)
+    r = aioredis.from_url(redis_url)
+    assert int(await r.get(keys.RunKeys(run).learner_step)) == 6
+    assert await r.scard(keys.RunKeys(run).consumed) == 6
+    await r.aclose()

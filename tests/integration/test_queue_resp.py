@@ -1,0 +1,124 @@
+"""brigade.resp: the pipelined hot-path Redis connection (RESP2 parsing, pipelining, failures)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis.exceptions
+from hypothesis import given
+from hypothesis import strategies as st
+
+from brigade.resp import PipelinedRedis, ReplyError, _Incomplete, pack, parse
+from brigade_cli.devservers import start_redis
+
+aio = pytest.mark.asyncio(loop_scope="session")
+
+resp_values = st.recursive(
+    st.none() | st.integers(-(2**63), 2**63 - 1) | st.binary(max_size=40),
+    lambda children: st.lists(children, max_size=5),
+    max_leaves=20,
+)
+
+
+def encode(value) -> bytes:
+    if value is None:
+        return b"$-1\r\n"
+    if isinstance(value, int):
+        return b":%d\r\n" % value
+    if isinstance(value, bytes):
+        return b"$%d\r\n%s\r\n" % (len(value), value)
+    return b"*%d\r\n" % len(value) + b"".join(encode(v) for v in value)
+
+
+@given(resp_values)
+def test_parse_roundtrip_and_every_split(value):
+    data = encode(value) + b"+OK\r\n"
+    parsed, pos = parse(data, 0)
+    assert parsed == value
+    assert parse(data, pos) == (b"OK", len(data))
+    for cut in range(len(data) - 5):  # any prefix of the first reply is incomplete
+        with pytest.raises(_Incomplete):
+            parse(data[:cut], 0)
+
+
+def test_parse_error_reply_and_pack():
+    err, _ = parse(b"-NOSCRIPT No matching script\r\n", 0)
+    assert isinstance(err, ReplyError) and str(err).startswith("NOSCRIPT")
+    assert pack(["SET", "k", 5, b"\x00v"]) == b"*4\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\n5\r\n$2\r\n\x00v\r\n"
+
+
+def test_supports():
+    assert PipelinedRedis.supports("redis://127.0.0.1:6379/0")
+    assert PipelinedRedis.supports("redis://:pw@host:1/3")
+    assert not PipelinedRedis.supports("rediss://host:6379/0")
+    assert not PipelinedRedis.supports("unix:///tmp/redis.sock")
+
+
+@aio
+async def test_pipelining_many_concurrent_calls(redis_url):
+    r = PipelinedRedis(redis_url)
+    try:
+        results = await asyncio.gather(*(r.execute("ECHO", f"v{i}") for i in range(500)))
+        assert results == [f"v{i}".encode() for i in range(500)]
+        assert await r.execute("SET", "resp-test", b"x" * 100_000) == b"OK"
+        assert await r.execute("GET", "resp-test") == b"x" * 100_000  # a reply split over many reads
+        with pytest.raises(ReplyError, match="wrong number"):
+            await r.execute("GET")
+        assert await r.execute("PING") == b"PONG"  # an error reply leaves the connection usable
+    finally:
+        await r.close()
+
+
+@aio
+async def test_cancelled_call_does_not_shift_replies(redis_url):
+    r = PipelinedRedis(redis_url)
+    try:
+        await r.execute("PING")
+        slow = asyncio.ensure_future(r.execute("BLPOP", "resp-test-nothing", 0.2))
+        await asyncio.sleep(0.01)
+        slow.cancel()
+        assert await r.execute("ECHO", "after") == b"after"
+    finally:
+        await r.close()
+
+
+@aio
+async def test_auth_and_db(tmp_path):
+    server = start_redis(tmp_path / "redis")
+    try:
+        admin = PipelinedRedis(server.url)
+        await admin.execute("CONFIG", "SET", "requirepass", "s3cret")
+        await admin.close()
+        r = PipelinedRedis(f"redis://:s3cret@127.0.0.1:{server.port}/2")
+        await r.execute("SET", "k", "in-db-2")
+        assert await r.execute("GET", "k") == b"in-db-2"
+        await r.close()
+        with pytest.raises(ReplyError, match="NOAUTH"):
+            await PipelinedRedis(server.url).execute("GET", "k")
+    finally:
+        server.stop()
+
+
+@aio
+async def test_reconnects_after_redis_restart(tmp_path):
+    server = start_redis(tmp_path / "redis")
+    r = PipelinedRedis(server.url)
+    try:
+        assert await r.execute("PING") == b"PONG"
+        server.restart()
+        failures = 0
+        for _ in range(3):  # the call that meets the dead connection fails; the next reconnects
+            try:
+                assert await r.execute("PING") == b"PONG"
+                break
+            except redis.exceptions.ConnectionError:
+                failures += 1
+        assert failures <= 1
+        server.stop()
+        with pytest.raises(redis.exceptions.ConnectionError):
+            for _ in range(3):
+                await r.execute("PING")
+    finally:
+        await r.close()
+        server.stop()

@@ -1,0 +1,349 @@
+"""The rollout worker against a real proxy (in process), Redis and S3 (moto): batches end to end,
+adapter pickup, revocation, SIGTERM, and reward functions that misbehave."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+import torch
+
+from brigade import adapters, keys
+from brigade.bucket import NotFound, open_bucket, sha256_hex
+from brigade.engine.hf import HFEngine
+from brigade.model import attach_lora, completion_logprobs, load_base
+from brigade.queue import Queue
+from brigade.rollout_format import from_bytes
+from brigade.rpc import ProxyClient
+from brigade.v1 import brigade_pb2 as pb
+from brigade_cli.devservers import free_port
+from brigade_proxy.server import start_server
+from brigade_rollout.worker import Worker, WorkerConfig
+from brigade_testing.tiny import demo_prompts, tiny_model, tiny_spec
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+# ---------------------------------------------------------------- reward functions used by name below
+
+
+def boom(prompts, completions, completion_ids=None, **columns):
+    raise ZeroDivisionError("user reward bug")
+
+
+def nan_reward(prompts, completions, completion_ids=None, **columns):
+    return [math.nan] * len(completions)
+
+
+def hang(prompts, completions, completion_ids=None, **columns):
+    time.sleep(60)
+
+
+# ---------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+class Env:
+    def __init__(self, redis_url, bucket_url, model_dir):
+        self.redis_url, self.bucket_url, self.model_dir = redis_url, bucket_url, model_dir
+        self.port = free_port()
+        self.target = f"127.0.0.1:{self.port}"
+        self.server = None
+        self.bucket = open_bucket(bucket_url)
+        # a private subchannel pool: the test's calls must not share the worker's connection backoff
+        self.client = ProxyClient(grpc.aio.insecure_channel(self.target, options=[("grpc.use_local_subchannel_pool", 1)]))
+
+    async def start_proxy(self):
+        self.server = await start_server(self.redis_url, self.target, bucket_url=self.bucket_url, monitor_redis=False)
+
+    async def create_run(self, run, n_prompts, **overrides) -> pb.RunSpec:
+        spec = tiny_spec(self.model_dir, run_id=run, **overrides)
+        await self.client.runs.CreateRun(pb.CreateRunRequest(spec=spec, prompts=demo_prompts(n_prompts)))
+        return spec
+
+    def worker(self, run, **kw) -> Worker:
+        return Worker(WorkerConfig(proxy=self.target, bucket=self.bucket_url, run=run, **kw))
+
+    async def pull(self, run, want, timeout=30.0) -> list[pb.PulledRollout]:
+        out, deadline = [], time.monotonic() + timeout
+        while len(out) < want and time.monotonic() < deadline:
+            resp = await self.client.learner.PullRollouts(
+                pb.PullRolloutsRequest(run_id=run, max_manifests=want - len(out), wait_ms=500, learner_id="test"))
+            out += resp.rollouts
+        assert len(out) == want, f"got {len(out)} manifests, wanted {want}"
+        return list(out)
+
+    async def publish(self, spec, version, scale=0.5) -> dict[str, torch.Tensor]:
+        """What a learner does: write the adapter version to the bucket, then PublishAdapter."""
+        model, _ = load_base(spec)
+        peft_model = attach_lora(model, spec)
+        g = torch.Generator().manual_seed(version)
+        state = {k: torch.randn(v.shape, generator=g) * scale for k, v in adapters.adapter_state(peft_model).items()}
+        files, err = adapters.encode(state, adapters.adapter_config_json(peft_model))
+        manifest = await adapters.write_version(self.bucket, spec.run_id, version, version, files, "bf16", err)
+        await self.client.learner.PublishAdapter(pb.PublishAdapterRequest(run_id=spec.run_id, manifest=manifest))
+        return adapters.decode(files)
+
+    async def close(self):
+        await self.client.close()
+        await self.bucket.close()
+        if self.server is not None:
+            await self.server.stop(0)
+
+
+@pytest.fixture
+async def env(redis_url, s3_bucket_url, model_dir):
+    e = Env(redis_url, s3_bucket_url, model_dir)
+    await e.bucket.ensure()
+    yield e
+    await e.close()
+
+
+def model_with(spec, state=None):
+    model, tokenizer = load_base(spec)
+    peft_model = attach_lora(model, spec)
+    if state is not None:
+        adapters.apply(peft_model, state)
+    return peft_model, tokenizer
+
+
+def rescore(model, rollout, temperature):
+    with torch.no_grad():
+        return completion_logprobs(model, rollout.prompt_ids, rollout.prompt_mask.long(), rollout.completion_ids,
+                                   rollout.completion_mask.long(), temperature)
+
+
+async def wait_for(predicate, timeout=30.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while not await predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+# ---------------------------------------------------------------- tests
+
+
+async def test_batches_end_to_end(env):
+    """The worker starts before the proxy (retries), completes every batch, and each manifest points
+    at an object whose digest matches; a batch attempt regenerates to the same completions."""
+    run = "e2e"
+    worker = env.worker(run, exit_when_finished=True, price_per_hour=0.75, capacity_class="on-demand")
+    task = asyncio.create_task(worker.run())
+    await asyncio.sleep(1.0)  # the proxy is not up yet: GetRun is retried with backoff
+    assert not task.done()
+    await env.start_proxy()
+    spec = await env.create_run(run, 6, rewards=[{"function": "demo_sum"}, {"function": "math", "weight": 0.5}])
+    assert await asyncio.wait_for(task, 60) == 0
+    assert worker.stats["completed"] == 3
+
+    pulled = await env.pull(run, 3)
+    model, tokenizer = model_with(spec)
+    for p in pulled:
+        m = p.manifest
+        assert m.uri == keys.rollout_key(run, m.batch_id, m.attempt) and m.attempt == 1
+        data = await env.bucket.get(m.uri)
+        assert sha256_hex(data) == m.sha256 and len(data) == m.size_bytes
+        r = from_bytes(data, vocab_size=len(tokenizer))
+        assert (r.batch_id, r.attempt, r.policy_version) == (m.batch_id, 1, 0)
+        assert m.num_samples == r.num_samples == 2 * 4 and m.num_tokens == r.num_tokens
+        assert r.reward_names == ["demo_sum", "math"]
+        assert r.group.tolist() == [0] * 4 + [1] * 4
+        assert torch.allclose(r.rewards, r.reward_parts[:, 0] + 0.5 * r.reward_parts[:, 1], equal_nan=True)
+        assert m.reward_mean == pytest.approx(float(r.rewards.nanmean()), abs=1e-6)
+        assert (m.engine, m.adapter_payload, m.capacity_class, m.price_per_hour) == ("hf", "bf16", "on-demand", 0.75)
+        assert m.compute_seconds > 0 and m.worker_id == worker.cfg.worker_id and m.created_ms > 0
+        # behaviour log-probs are the learner's numerics for v0
+        assert torch.allclose(r.logprobs, rescore(model, r, spec.sampling.temperature), atol=1e-4)
+        # the text sidecar agrees with the tokens and the rewards
+        doc = json.loads(await env.bucket.get(m.text_uri))
+        texts = tokenizer.batch_decode([row[mask.bool()].tolist() for row, mask in zip(r.completion_ids, r.completion_mask,
+                                                                                     strict=True)], skip_special_tokens=True)
+        assert [s["completion"] for s in doc["samples"]] == texts
+        answers = [s["prompt"] for s in doc["samples"]]
+        assert [s["reward_parts"]["demo_sum"] for s in doc["samples"]] == r.reward_parts[:, 0].tolist()
+        assert len(answers) == 8
+        # the same batch and attempt (same seed) generate the same completions in a fresh engine
+        prompts = [doc["samples"][i * 4]["prompt"] for i in range(2)]
+        seed = keys.batch_seed(run, m.batch_id, m.attempt)
+        again = HFEngine(*model_with(spec)).generate(prompts, spec.sampling, seed, 0, lambda: False)
+        assert [s.completion_ids for s in again] == [row[mask.bool()].tolist() for row, mask in
+                                                     zip(r.completion_ids, r.completion_mask, strict=True)]
+    state = await env.client.runs.GetRun(pb.RunRef(run_id=run))
+    assert state.completed == 3 and state.leased == 0 and state.deadlettered == 0
+
+
+async def test_published_adapter_is_prefetched_and_used(env):
+    """v1 is fetched as soon as it is published (while admission holds the worker back), exactly
+    once, and the next lease generates with v1: log-probs are v1's, not v0's."""
+    await env.start_proxy()
+    run = "swap"
+    # capacity = batches_per_step x (max_staleness + 1) = 2 outstanding batches
+    spec = await env.create_run(run, 6, batches_per_step=1, staleness={"max_staleness": 1})
+    worker = env.worker(run, max_batches=3)
+    task = asyncio.create_task(worker.run())
+    first = await env.pull(run, 2, timeout=60)
+    assert {p.manifest.policy_version for p in first} == {0}
+
+    state = await env.publish(spec, 1)
+    await wait_for(lambda: asyncio.sleep(0, 1 in worker.cache), what="the prefetch of v1")
+    assert worker.cache.fetches == 1 and not task.done()
+    await env.client.learner.AckRollouts(pb.AckRolloutsRequest(
+        run_id=run, learner_id="test", step=1, delivery_ids=[p.delivery_id for p in first],
+        consumed_batch_ids=[p.manifest.batch_id for p in first]))
+    assert await asyncio.wait_for(task, 60) == 0
+
+    (third,) = await env.pull(run, 1)
+    assert third.manifest.policy_version == 1
+    r = from_bytes(await env.bucket.get(third.manifest.uri, sha256=third.manifest.sha256))
+    assert r.policy_version == 1
+    v1_model, _ = model_with(spec, state)
+    assert torch.allclose(r.logprobs, rescore(v1_model, r, spec.sampling.temperature), atol=1e-4)
+    v0_model, _ = model_with(spec)
+    assert not torch.allclose(r.logprobs, rescore(v0_model, r, spec.sampling.temperature), atol=1e-3)
+    assert worker.cache.fetches == 1  # the lease used the prefetched copy
+
+
+async def test_revoked_lease_stops_generation(env):
+    await env.start_proxy()
+    run = "revoke"
+    spec = await env.create_run(run, 2, staleness={"max_staleness": 1, "lease_seconds": 1})
+    worker = env.worker(run, speed_factor=5000.0)  # a very slow device: the batch would take hours
+    task = asyncio.create_task(worker.run())
+
+    async def leased():
+        return len((await env.client.runs.ListLeases(pb.RunRef(run_id=run))).leases) == 1
+
+    await wait_for(leased, 60, "a lease")
+    await env.publish(spec, 1)
+    await env.publish(spec, 2)
+    queue = Queue(env.redis_url)
+    try:
+        assert (await queue.revoke_stale(run)).revoked == 1
+    finally:
+        await queue.close()
+    t0 = time.monotonic()
+    await wait_for(lambda: asyncio.sleep(0, worker.stats["revoked"] == 1), 10, "the worker to drop the lease")
+    assert time.monotonic() - t0 < 5  # the next heartbeat (every lease_seconds / 3) stopped it
+    # nothing was uploaded for the revoked attempt; the worker took the requeued batch (attempt 2)
+    with pytest.raises(NotFound):
+        await env.bucket.get(keys.rollout_key(run, f"{run}:0:0", 1))
+    await wait_for(lambda: asyncio.sleep(0, worker._lease_stop is not None), 10, "the next lease")
+    worker.stop()
+    assert await asyncio.wait_for(task, 10) == 0
+    assert worker.stats["preempted"] == 1
+
+
+async def test_sigterm_requeues_the_batch(env, tmp_path):
+    """A worker process killed mid-batch hands its lease back: the batch is leasable again at once
+    with attempt + 1 and completes later; nothing is lost."""
+    await env.start_proxy()
+    run = "sigterm"
+    await env.create_run(run, 4)
+    log_path = tmp_path / "worker.log"
+    with open(log_path, "wb") as log_file:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "brigade_cli.main", "rollout", "--proxy", env.target, "--bucket", env.bucket_url,
+            "--run", run, "--worker-id", "doomed", "--speed-factor", "5000", "--log-level", "info",
+            stdout=log_file, stderr=log_file, env={**os.environ, "BRIGADE_LOG_FORMAT": "json"})
+
+        async def leased():
+            assert proc.returncode is None, log_path.read_text()[-3000:]
+            leases = (await env.client.runs.ListLeases(pb.RunRef(run_id=run))).leases
+            return any(lease.worker_id == "doomed" for lease in leases)
+
+        await wait_for(leased, 120, "the subprocess to take a lease")
+        await asyncio.sleep(0.5)  # in the middle of generating
+        proc.send_signal(signal.SIGTERM)
+        t0 = time.monotonic()
+        rc = await asyncio.wait_for(proc.wait(), 15)
+    assert rc == 0, log_path.read_text()[-3000:]
+    assert time.monotonic() - t0 < 10
+    assert "lease handed back" in log_path.read_text()
+    assert not (await env.client.runs.ListLeases(pb.RunRef(run_id=run))).leases
+
+    worker = env.worker(run, exit_when_finished=True)
+    assert await asyncio.wait_for(worker.run(), 60) == 0
+    pulled = await env.pull(run, 2)
+    attempts = sorted((p.manifest.batch_id, p.manifest.attempt) for p in pulled)
+    assert attempts == [(f"{run}:0:0", 2), (f"{run}:0:1", 1)]
+    state = await env.client.runs.GetRun(pb.RunRef(run_id=run))
+    assert state.completed == 2 and state.deadlettered == 0
+
+
+async def test_misbehaving_rewards_are_contained(env, monkeypatch):
+    """A reward that raises (in process), returns NaN or hangs (sandboxed rq jobs, short timeout)
+    leaves its samples unscored; the worker carries on and the batch still completes."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
+    await env.start_proxy()
+    run = "rewards"
+    await env.create_run(run, 2, rewards=[
+        {"function": "demo_sum"},
+        {"function": "test_rollout_worker:boom"},
+        {"function": "test_rollout_worker:nan_reward", "sandboxed": True},
+        {"function": "test_rollout_worker:hang", "sandboxed": True, "timeout_s": 1.0},
+    ])
+    worker = env.worker(run, exit_when_finished=True, redis_url=env.redis_url)
+    assert await asyncio.wait_for(worker.run(), 90) == 0
+    (p,) = await env.pull(run, 1)
+    r = from_bytes(await env.bucket.get(p.manifest.uri))
+    assert torch.isfinite(r.reward_parts[:, 0]).all()       # demo_sum still scored
+    assert torch.isnan(r.reward_parts[:, 1:]).all()         # the rest: unscored, not fake zeros
+    assert torch.isnan(r.rewards).all() and p.manifest.reward_mean == 0.0
+
+
+async def test_sandboxed_rewards_need_a_queue(env):
+    await env.start_proxy()
+    await env.create_run("nosandbox", 2, rewards=[{"function": "code_exec", "sandboxed": True}])
+    assert await asyncio.wait_for(env.worker("nosandbox").run(), 30) == 2  # a clear error, not a crash loop
+
+
+async def test_complete_is_retried_until_the_proxy_answers(env):
+    """Upload first, then complete: an UNAVAILABLE CompleteLease is retried; a refusal is not."""
+    from brigade_rollout import worker as wmod
+
+    class Flaky:
+        def __init__(self, failures, final):
+            self.calls, self.failures, self.final = 0, failures, final
+
+        async def CompleteLease(self, req, timeout=None):
+            self.calls += 1
+            if self.calls <= self.failures:
+                raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), "down")
+            if isinstance(self.final, Exception):
+                raise self.final
+            return pb.CompleteLeaseResponse(duplicate=self.final)
+
+    w = env.worker("unused")
+    w.client = type("C", (), {})()
+    lease = pb.Lease(run_id="unused", lease_id="1-0", batch=pb.PromptBatch(batch_id="unused:0:0"))
+    w.client.lease = Flaky(2, True)
+    orig = wmod.BACKOFF_BASE_S
+    wmod.BACKOFF_BASE_S = 0.01
+    try:
+        assert await w._complete(lease, pb.RolloutManifest()) is True   # the third try landed, as a duplicate
+        assert w.client.lease.calls == 3
+        expired = grpc.aio.AioRpcError(grpc.StatusCode.FAILED_PRECONDITION, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                                       "lease expired")
+        w.client.lease = Flaky(1, expired)
+        with pytest.raises(wmod.LeaseGone, match="expired"):  # taken back: discard, no FailLease
+            await w._complete(lease, pb.RolloutManifest())
+        assert w.client.lease.calls == 2
+        refused = grpc.aio.AioRpcError(grpc.StatusCode.INVALID_ARGUMENT, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                                       "bad manifest")
+        w.client.lease = Flaky(0, refused)
+        with pytest.raises(wmod.BatchError, match="refused"):
+            await w._complete(lease, pb.RolloutManifest())
+        assert w.client.lease.calls == 1
+    finally:
+        wmod.BACKOFF_BASE_S = orig

@@ -1,0 +1,158 @@
+"""One GRPO step on a real (tiny) transformers model with a real PEFT adapter."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from brigade import adapters
+from brigade.bucket import open_bucket
+from brigade_learner.ingest import drop_nonfinite
+from brigade_learner.trainer import Trainer, micro_batches
+from brigade_testing.synthetic import build_tiny_model, make_rollout, tiny_spec
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+PROMPTS = torch.tensor([[0, 1, 6, 13, 7, 12], [1, 8, 13, 9, 12, 4]])  # left-padded ids of the char tokenizer
+PROMPT_MASK = (PROMPTS != 0).long()
+
+
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+def rollout(trainer: Trainer, version: int = 0, seed: int = 0, batch: str = "tiny:0:0"):
+    spec = trainer.spec
+    return make_rollout(trainer.model, PROMPTS, PROMPT_MASK, run=spec.run_id, batch_id=batch, attempt=1,
+                        version=version, group_size=spec.sampling.group_size,
+                        max_new_tokens=spec.sampling.max_new_tokens, temperature=spec.sampling.temperature, seed=seed)
+
+
+def lora_params(trainer: Trainer) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in adapters.adapter_state(trainer.model).items()}
+
+
+def test_on_policy_batch_has_ratio_exactly_one_and_kl_zero_before_the_first_step(model_dir):
+    trainer = Trainer.create(tiny_spec(model_dir, grpo={"beta": 0.05}))
+    m = trainer.train_step([rollout(trainer)])
+    assert m["ratio_min"] == 1.0 and m["ratio_max"] == 1.0 and m["ratio_mean"] == pytest.approx(1.0, abs=1e-9)
+    assert m["clip_low_frac"] == 0.0 and m["clip_high_frac"] == 0.0
+    assert m["kl"] == 0.0  # the adapter starts at B = 0: the policy IS the reference
+    assert m["skipped_nonfinite"] == 0 and m["grad_norm"] > 0
+    # only adapter parameters train
+    assert all(("lora_" in n) == p.requires_grad for n, p in trainer.model.named_parameters())
+    # after a step the policy has moved: a second on-policy batch now has KL > 0, ratio still 1
+    m2 = trainer.train_step([rollout(trainer, seed=1)])
+    assert m2["ratio_min"] == 1.0 and m2["ratio_max"] == 1.0 and m2["kl"] > 0
+
+
+def test_stale_batch_engages_the_clip(model_dir):
+    trainer = Trainer.create(tiny_spec(model_dir, grpo={"learning_rate": 0.05, "max_grad_norm": 0.0}))
+    old = rollout(trainer, version=0)
+    for seed in range(4):  # move the policy away from the one that generated `old`
+        trainer.train_step([rollout(trainer, version=seed, seed=seed + 10)])
+    m = trainer.train_step([old])
+    assert m["ratio_min"] < 0.8 or m["ratio_max"] > 1.28
+    assert m["clip_low_frac"] + m["clip_high_frac"] > 0
+
+
+def test_nonfinite_samples_are_dropped_with_a_counted_reason(model_dir):
+    trainer = Trainer.create(tiny_spec(model_dir))
+    r = rollout(trainer)
+    r.rewards[0] = float("nan")
+    r.logprobs[1, 0] = float("nan")
+    r.logprobs[2, -1] = float("inf")  # even on a padding position it would poison 0 * x
+    r.rewards[3] = float("-inf")
+    clean, dropped = drop_nonfinite(r)
+    assert dropped == {"nonfinite_reward": 2, "nonfinite_logprob": 2}
+    assert clean.num_samples == r.num_samples - 4
+    assert torch.isfinite(clean.rewards).all() and torch.isfinite(clean.logprobs).all()
+    m = trainer.train_step([clean])
+    assert math.isfinite(m["loss"]) and m["skipped_nonfinite"] == 0
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+
+
+def test_a_nonfinite_gradient_skips_the_update_and_never_produces_nan_parameters(model_dir):
+    trainer = Trainer.create(tiny_spec(model_dir))
+    r = rollout(trainer)
+    r.logprobs[:] = -1e30 * r.completion_mask  # finite, but the ratios overflow to inf
+    r.rewards[:] = torch.arange(r.num_samples, dtype=torch.float32)
+    before = lora_params(trainer)
+    m = trainer.train_step([r])
+    assert m["skipped_nonfinite"] == 1
+    after = lora_params(trainer)
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+    assert all(torch.isfinite(v).all() for s in trainer.optimizer.state.values() for v in s.values()
+               if isinstance(v, torch.Tensor))
+
+
+@pytest.mark.parametrize("agg", ["grpo", "dapo", "dr_grpo"])
+def test_micro_batches_accumulate_to_the_full_batch_step(model_dir, agg):
+    spec_full = tiny_spec(model_dir, grpo={"loss_agg": agg, "micro_batch_tokens": 100000})
+    spec_micro = tiny_spec(model_dir, grpo={"loss_agg": agg, "micro_batch_tokens": 30})
+    full, micro = Trainer.create(spec_full), Trainer.create(spec_micro)
+    rollouts = [rollout(full, seed=3), rollout(full, seed=4, batch="tiny:0:1")]
+    assert len(micro_batches(rollouts, 30)) > len(rollouts)  # really split
+    m_full, m_micro = full.train_step(rollouts), micro.train_step(rollouts)
+    assert m_micro["micro_batches"] > m_full["micro_batches"]
+    assert m_micro["loss"] == pytest.approx(m_full["loss"], abs=1e-6)
+    assert m_micro["grad_norm"] == pytest.approx(m_full["grad_norm"], rel=1e-5)
+    # Adam divides by sqrt(v): near-zero gradients amplify float rounding, hence atol, not equality
+    a, b = lora_params(full), lora_params(micro)
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=2e-5, rtol=1e-4)
+
+
+async def test_recompute_logprobs_scores_the_generating_version_with_the_learner_numerics(model_dir, tmp_path):
+    spec = tiny_spec(model_dir, grpo={"recompute_logprobs": True, "tis_cap": 2.0})
+    learner = Trainer.create(spec)
+    learner.train_step([rollout(learner)])  # fp32 weights now differ from v0
+    files, _ = learner.adapter_files("bf16")
+    async with open_bucket(f"file://{tmp_path}/bucket") as bucket:
+        await adapters.write_version(bucket, spec.run_id, 1, 1, files, "bf16")
+        _, read = await adapters.read_version(bucket, spec.run_id, 1)
+    v1 = adapters.decode(read)
+    # a "worker" generates with v1 as published (bf16-rounded), on its own copy of the model
+    worker = Trainer.create(spec)
+    adapters.apply(worker.model, v1)
+    r = rollout(worker, version=1, seed=5)
+    before = lora_params(learner)
+    prox = learner.proximal_logprobs([r], micro_batches([r], 4096), {1: v1})[0]
+    after = lora_params(learner)
+    assert all(torch.equal(before[k], after[k]) for k in before)  # the learner's own weights are back
+    torch.testing.assert_close(prox, r.logprobs, atol=1e-5, rtol=0)  # the same policy, the learner's numerics
+    m = learner.train_step([r], {1: v1})
+    assert m["is_weight_mean"] == pytest.approx(1.0, abs=1e-4)
+    # ratios are against the recomputed v1: the fp32 learner is one bf16 rounding away from it
+    assert abs(m["ratio_mean"] - 1.0) < 1e-2
+
+
+def test_tis_without_recompute_weights_against_the_engine(model_dir):
+    trainer = Trainer.create(tiny_spec(model_dir, grpo={"tis_cap": 1.5}))
+    r = rollout(trainer)
+    r.logprobs -= 0.5 * r.completion_mask  # the "engine" thought these tokens were less likely
+    m = trainer.train_step([r])
+    # weight = min(exp(learner - engine), cap) = min(e^0.5, 1.5) = 1.5 on every token
+    assert m["is_weight_mean"] == pytest.approx(1.5)
+    assert m["ratio_min"] == 1.0 and m["ratio_max"] == 1.0
+
+
+def test_int8_payload_reports_its_quantization_error(model_dir):
+    trainer = Trainer.create(tiny_spec(model_dir, adapter_payload="int8"))
+    trainer.train_step([rollout(trainer)])
+    files, err = trainer.adapter_files("int8")
+    assert 0 < err < 0.05
+    bf16, _ = trainer.adapter_files("bf16")
+    assert len(files[adapters.WEIGHTS_INT8]) < len(bf16[adapters.WEIGHTS])
+    decoded = adapters.decode(files)
+    state = adapters.adapter_state(trainer.model)
+    for k, v in state.items():
+        assert (decoded[k] - v).abs().max() <= v.abs().max() / 127 + 1e-7
+    # the learner's own weights stay float32
+    assert all(v.dtype == torch.float32 for v in state.values())
