@@ -93,6 +93,12 @@ def bench(
     report: str = typer.Option("", "--report", help="With 'all': write a Markdown report here."),
 ) -> None:
     """Run a benchmark; ratios compare with a baseline measured in the same run."""
+    try:
+        importlib.import_module("brigade_bench")
+    except ModuleNotFoundError:
+        typer.echo("brigade bench: the benchmarks (bench/ of a checkout) are not installed here; "
+                   "`make install` or `pip install -e bench`", err=True)
+        raise typer.Exit(2) from None
     if name == "all":
         from brigade_bench.report import run_all
 
