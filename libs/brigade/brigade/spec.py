@@ -4,7 +4,7 @@ A run's parameters travel as the `RunSpec` protobuf. Each field is declared once
 below: its path as a spec file spells it, its default, its bound or allowed values, one line of
 doc. From that table come the defaults of a spec file (`brigade.spec_file.build_spec`), the
 proxy's defaults (`fill_defaults`), validation (`validate_spec`) and the README's table
-(`python -m brigade.spec --readme README.md`). A new field is one line here plus the proto field;
+(`brigade.spec_table`, `make spec-table`). A new field is one line here plus the proto field;
 tests/unit/test_spec.py checks that the two agree.
 
 Unset on the wire: proto3 cannot tell an explicit zero from an unset scalar, so `fill_defaults`
@@ -148,7 +148,7 @@ def _bound_text(bound: str) -> str:
     return f"in {bound}" if _INTERVAL.match(bound) else bound
 
 
-def holders(spec: pb.RunSpec, section: str) -> Iterator[tuple[str, Message]]:
+def _holders(spec: pb.RunSpec, section: str) -> Iterator[tuple[str, Message]]:
     """(path prefix, message) for each message holding a field of `section`: one reward per entry."""
     if section == "rewards[]":
         yield from ((f"rewards[{i}].", r) for i, r in enumerate(spec.rewards))
@@ -179,7 +179,7 @@ def fill_defaults(spec: pb.RunSpec) -> pb.RunSpec:
     for field in FIELDS:
         if field.required:
             continue
-        for _, holder in holders(out, field.section):
+        for _, holder in _holders(out, field.section):
             if _unset(holder, field.name):
                 assign(holder, field.name, field.default)
     return out
@@ -189,8 +189,13 @@ def validate_spec(spec: pb.RunSpec) -> None:
     """ConfigError naming every bad field by its spec-file path, one line each."""
     problems = []
     for field in FIELDS:
-        for prefix, holder in holders(spec, field.section):
+        for prefix, holder in _holders(spec, field.section):
             if problem := field.problem(getattr(holder, field.name)):
                 problems.append(f"{prefix}{field.name}: {problem}")
+    refuse(problems)
+
+
+def refuse(problems: list[str]) -> None:
+    """ConfigError listing `problems` (one line per bad field), if there are any."""
     if problems:
         raise ConfigError("invalid run spec:\n  " + "\n  ".join(problems))

@@ -20,7 +20,7 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from brigade.config import ConfigError
-from brigade.spec import BY_PATH, FIELDS, SECTIONS, assign, short_repr, validate_spec
+from brigade.spec import BY_PATH, FIELDS, SECTIONS, assign, refuse, short_repr, validate_spec
 from brigade.v1 import brigade_pb2 as pb
 
 # "Failed to parse seed field: Value out of range: -1 at RunSpec.seed." -> "Value out of range: -1"
@@ -56,9 +56,9 @@ def read_spec_file(path: str | Path) -> dict[str, Any]:
 
 def _unknown(prefix: str, key: str, known: list[str]) -> str:
     """The line for a key no field declares, with the field the user most likely meant."""
-    by_letters = {k.replace("_", "").lower(): k for k in known}  # promptsPerBatch -> prompts_per_batch
-    guess = by_letters.get(key.replace("_", "").lower()) or next(iter(difflib.get_close_matches(key, known, 1, 0.75)), "")
-    guess = prefix + guess if guess else next((f.path for f in FIELDS if f.name == key), "")  # misplaced
+    same_letters = {k.replace("_", "").lower(): k for k in known}  # promptsPerBatch -> prompts_per_batch
+    near = same_letters.get(key.replace("_", "").lower()) or next(iter(difflib.get_close_matches(key, known, 1, 0.75)), "")
+    guess = prefix + near if near else next((f.path for f in FIELDS if f.name == key), "")  # in another section
     hint = f"; did you mean {guess!r}?" if guess else ""
     return f"{prefix}{key[:64]}: no field named {short_repr(key)} here{hint}"
 
@@ -71,10 +71,10 @@ def _parse_fields(data: Any, holder: Message, section: str, prefix: str, problem
         problems.append(f"{prefix.rstrip('.')}: must be a mapping of fields, got {type(data).__name__}")
         return
     declared = {f.name: f for f in FIELDS if f.section == section}
-    nested = SECTIONS + ("rewards",) if section == "" else ()
-    for key in data:
-        if str(key) not in declared and key not in nested:
-            problems.append(_unknown(prefix, str(key), [*declared, *nested]))
+    nested = SECTIONS if section == "" else ()
+    for key in map(str, data):  # YAML keys may be numbers
+        if key not in declared and key not in nested:
+            problems.append(_unknown(prefix, key, [*declared, *nested]))
     for name, field in declared.items():
         if name == "rewards":
             continue  # a list of sections, parsed by parse_spec
@@ -98,8 +98,7 @@ def parse_spec(data: Mapping[str, Any]) -> pb.RunSpec:
             _parse_fields(entry, spec.rewards.add(), "rewards[]", f"rewards[{i}].", problems)
     else:
         problems.append(f"rewards: must be a list of reward mappings, got {type(rewards).__name__}")
-    if problems:
-        raise ConfigError("invalid run spec:\n  " + "\n  ".join(problems))
+    refuse(problems)
     return spec
 
 
