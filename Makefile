@@ -3,7 +3,7 @@ PY      := .venv/bin/python
 VENV_OK := .venv/.installed
 export PYTHONDONTWRITEBYTECODE=1
 
-.PHONY: install proto test test-unit lint demo bench chaos clean
+.PHONY: install proto spec-table test test-unit lint demo bench chaos clean
 
 PYPROJECTS := $(wildcard libs/*/pyproject.toml services/*/pyproject.toml bench/pyproject.toml)
 
@@ -19,6 +19,10 @@ install: $(VENV_OK)
 
 proto: $(VENV_OK)
 	$(PY) -m grpc_tools.protoc -I proto --python_out=libs/brigade --pyi_out=libs/brigade --grpc_python_out=libs/brigade proto/brigade/v1/brigade.proto
+
+# the README's run-spec table, from the declarations in libs/brigade/brigade/spec.py
+spec-table: $(VENV_OK)
+	$(PY) -m brigade.spec_table --readme README.md
 
 test: $(VENV_OK)
 	$(PY) -m pytest -q tests

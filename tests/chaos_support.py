@@ -30,7 +30,7 @@ import redis
 import yaml
 
 from brigade import keys
-from brigade.config import build_spec, spec_to_dict
+from brigade.spec_file import build_spec, spec_to_dict
 from brigade.v1 import brigade_pb2 as pb
 from brigade_cli.devservers import MOTO_ENV, ServerProcess, free_port, start_moto, start_redis, wait_for_port
 from brigade_cli.up import Child

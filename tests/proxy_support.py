@@ -16,8 +16,8 @@ from typing import Any
 import grpc
 
 from brigade import keys
-from brigade.config import build_spec
 from brigade.rpc import CHANNEL_OPTIONS
+from brigade.spec_file import build_spec
 from brigade.v1 import brigade_pb2 as pb
 from brigade.v1 import brigade_pb2_grpc as pbg
 from brigade_proxy.server import ProxyServer, start_server

@@ -63,8 +63,8 @@ def fleet_spec(run_id: str, *, sync: bool, steps: int, max_staleness: int, lease
     verified to climb) at `batches_per_step` batches of 8 prompts a step, without the evaluator."""
     import copy
 
-    from brigade.config import build_spec
     from brigade.demo.task import DEMO_RUN
+    from brigade.spec_file import build_spec
 
     spec = copy.deepcopy(DEMO_RUN)
     spec.update({"run_id": run_id, "device": "cpu", "seed": 0, "prompts_per_batch": PROMPTS_PER_BATCH,

@@ -174,8 +174,8 @@ async def _raw_cycles(redis_url: str, clients: int, cycles: int) -> dict:
 # ---------------------------------------------------------------- the benchmark
 
 async def _create_run(target: str, run: str, prompts: int) -> None:
-    from brigade.config import build_spec
     from brigade.rpc import ProxyClient
+    from brigade.spec_file import build_spec
     from brigade.v1 import brigade_pb2 as pb
 
     spec = build_spec({"run_id": run, "prompts_per_batch": 1, "batches_per_step": 1,

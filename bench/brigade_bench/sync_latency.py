@@ -324,8 +324,8 @@ async def _measure(client, bucket, run: str, n: int, watchers: Watchers, payload
 
 async def _bench(url: str, cfg: dict, env: dict[str, str], root: Path) -> tuple[dict, dict]:
     from brigade.bucket import open_bucket
-    from brigade.config import build_spec
     from brigade.rpc import ProxyClient
+    from brigade.spec_file import build_spec
     from brigade_cli.devservers import free_port, start_redis
     from brigade_cli.up import Fleet, create_run, wait_for_proxy
 

@@ -26,9 +26,9 @@ import yaml
 
 from brigade import adapters, keys
 from brigade.bucket import open_bucket
-from brigade.config import build_spec
 from brigade.rollout_format import from_bytes
 from brigade.rpc import ProxyClient
+from brigade.spec_file import build_spec
 from brigade.v1 import brigade_pb2 as pb
 from brigade_cli.devservers import start_redis
 from brigade_learner import checkpoint

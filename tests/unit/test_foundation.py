@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from brigade.config import ConfigError, Settings, build_spec, read_spec_file, spec_to_dict
+from brigade.config import ConfigError, Settings
 from brigade.keys import batch_id, batch_seed, parse_batch_id
+from brigade.spec_file import build_spec, read_spec_file, spec_to_dict
 from brigade_cli.cost import advantage, break_even_discount
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -46,8 +46,9 @@ import redis.asyncio as aioredis
 from google.protobuf.message import DecodeError
 
 from brigade import keys
-from brigade.config import ConfigError, validate_spec
+from brigade.config import ConfigError
 from brigade.resp import PipelinedRedis, ReplyError
+from brigade.spec import validate_spec
 from brigade.v1 import brigade_pb2 as pb
 
 MAX_ID_CHARS = 256            # worker, learner, lease, batch and run ids

@@ -186,7 +186,8 @@ def up(
     token: options.Token = "",
 ) -> None:
     """Start every service on this machine and show the run's progress until it finishes."""
-    from brigade.config import ConfigError, build_spec
+    from brigade.config import ConfigError
+    from brigade.spec_file import build_spec
     from brigade_cli.devservers import free_port, start_redis
 
     overrides: dict = {} if spec_path else demo_overrides()
@@ -209,7 +210,7 @@ def up(
     logs = out_dir / "logs"
     out_dir.mkdir(parents=True, exist_ok=True)
     spec_file = out_dir / "run.json"
-    from brigade.config import spec_to_dict
+    from brigade.spec_file import spec_to_dict
 
     spec_file.write_text(json.dumps(spec_to_dict(spec), indent=2))
     spec_yaml = out_dir / "run.yaml"

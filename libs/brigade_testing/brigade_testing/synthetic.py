@@ -102,7 +102,7 @@ def make_rollout(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, 
 
 def tiny_spec(model_dir: str | Path, **overrides):
     """A validated run spec for the tiny model: float32 on CPU, small LoRA, short completions."""
-    from brigade.config import build_spec
+    from brigade.spec_file import build_spec
 
     base = {
         "run_id": "tiny", "model": str(model_dir), "dtype": "float32", "device": "cpu", "seed": 7,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from brigade.config import build_spec
+from brigade.spec_file import build_spec
 from brigade.v1 import brigade_pb2 as pb
 
 TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,

@@ -53,7 +53,7 @@ def learner(
     if not run:  # no --run / BRIGADE_RUN: the spec file's run, else the default run
         run = DEFAULTS.run
         if spec:
-            from brigade.config import build_spec
+            from brigade.spec_file import build_spec
 
             try:
                 run = build_spec(path=spec).run_id

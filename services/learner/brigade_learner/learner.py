@@ -27,8 +27,8 @@ import structlog
 
 from brigade import adapters, keys
 from brigade.bucket import AlreadyExists, Bucket, BucketError, open_bucket
-from brigade.config import build_spec, spec_to_dict
 from brigade.rpc import ProxyClient, describe_rpc_error
+from brigade.spec_file import build_spec, spec_to_dict
 from brigade.v1 import brigade_pb2 as pb
 from brigade_learner import checkpoint
 from brigade_learner.checkpoint import LearnerState

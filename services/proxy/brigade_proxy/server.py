@@ -38,6 +38,7 @@ from brigade.queue import (
     check_stream_id,
 )
 from brigade.rpc import CHANNEL_OPTIONS, BearerAuthInterceptor, server_credentials
+from brigade.spec import fill_defaults
 from brigade.v1 import brigade_pb2 as pb
 from brigade.v1 import brigade_pb2_grpc as pbg
 
@@ -311,7 +312,7 @@ class RunServicer(pbg.RunServiceServicer):
     async def CreateRun(self, request: pb.CreateRunRequest, context) -> pb.CreateRunResponse:
         if not request.HasField("spec"):
             raise InvalidArgument("spec is required")
-        spec, prompts = request.spec, list(request.prompts)
+        spec, prompts = fill_defaults(request.spec), list(request.prompts)  # unset fields: the declared defaults
         self.queue.validate_run(spec, prompts)
         run = spec.run_id
         if not await self.queue.run_exists(run):

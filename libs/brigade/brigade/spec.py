@@ -1,0 +1,201 @@
+"""The run spec: one declaration per field, and everything that follows from it.
+
+A run's parameters travel as the `RunSpec` protobuf. Each field is declared once, in `FIELDS`
+below: its path as a spec file spells it, its default, its bound or allowed values, one line of
+doc. From that table come the defaults of a spec file (`brigade.spec_file.build_spec`), the
+proxy's defaults (`fill_defaults`), validation (`validate_spec`) and the README's table
+(`brigade.spec_table`, `make spec-table`). A new field is one line here plus the proto field;
+tests/unit/test_spec.py checks that the two agree.
+
+Unset on the wire: proto3 cannot tell an explicit zero from an unset scalar, so `fill_defaults`
+reads a zero scalar ("", 0, false) or an empty list as unset and gives it the default. That is
+right wherever zero is the default or is not a legal value (`prompts_per_batch: 0` is refused by a
+spec file, and means "the default" in a CreateRun request). A field whose zero is legal and is not
+its default (`eval_every`: 0 = off, default 5) is `optional` in the proto, so there presence
+decides. A `required` field (run_id, model, dataset, a reward's function) gets no default from the
+proxy: a client must say what to train on what; the `demo` defaults are for spec files.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from google.protobuf import json_format
+from google.protobuf.message import Message
+
+from brigade.config import ConfigError
+from brigade.v1 import brigade_pb2 as pb
+
+RUN_ID_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+_INTERVAL = re.compile(r"^([\[(])(\S+), (\S+)([\])])$")  # "[0, 1)"
+_HALF_LINE = re.compile(r"^(>=|>) (\S+)$")  # ">= 1"
+
+
+@dataclass(frozen=True)
+class Field:
+    path: str  # as a spec file spells it: "grpo.learning_rate"; "rewards[].weight" for each reward
+    default: Any
+    doc: str
+    bound: str = ""  # ">= 1", "> 0", "[0, 1)", "(0, 1]", or "non-empty" (a list)
+    choices: tuple[str, ...] = ()
+    required: bool = False  # must be non-empty; the proxy fills in no default
+    pattern: re.Pattern[str] | None = None  # the doc says what it allows
+
+    @property
+    def section(self) -> str:
+        return self.path.rpartition(".")[0]
+
+    @property
+    def name(self) -> str:
+        return self.path.rpartition(".")[2]
+
+    def problem(self, value: Any) -> str | None:
+        """Why `value` is not allowed here, or None."""
+        if self.required and not value:
+            return f"is required ({self.doc})"
+        if self.pattern and not self.pattern.match(value):
+            return f"{short_repr(value)} is not {self.doc}"
+        if self.choices and value not in self.choices:
+            return f"{short_repr(value)} is not one of {sorted(self.choices)}"
+        if isinstance(value, float) and not math.isfinite(value):
+            return "must be a finite number"
+        if self.bound == "non-empty":
+            return None if len(value) else "must not be empty"
+        if self.bound and not _within(self.bound, value):
+            return f"must be {_bound_text(self.bound)}, got {value!r}"
+        return None
+
+
+FIELDS: tuple[Field, ...] = (
+    Field("run_id", "demo", "1-63 chars of a-z 0-9 . _ - starting with a letter or digit",
+          required=True, pattern=RUN_ID_RE),
+    Field("model", "demo", "a Hugging Face id, a local folder, a bucket URI, or `demo`", required=True),
+    Field("dataset", "demo", "prompt set: `demo`, or JSONL with `prompt` and extra columns (a path or bucket URI)",
+          required=True),
+    Field("eval_dataset", "demo:heldout", "held-out prompts for the evaluator; empty = `dataset`"),
+    Field("dtype", "float32", "weights and training dtype", choices=("float32", "bfloat16", "float16")),
+    Field("device", "auto", "where the learner trains", choices=("cpu", "cuda", "auto")),
+    Field("prompts_per_batch", 8, "prompts in one leased batch", ">= 1"),
+    Field("batches_per_step", 1, "batches the learner consumes per optimizer step", ">= 1"),
+    Field("max_steps", 0, "learner steps; 0 = until stopped"),
+    Field("publish_every", 1, "publish adapter v+1 every N steps", ">= 1"),
+    Field("checkpoint_every", 1, "checkpoint every N steps (publishing implies a checkpoint)", ">= 1"),
+    Field("seed", 0, "base of every batch's sampling seed"),
+    Field("epochs", 0, "passes over the prompt set; 0 = unbounded"),
+    Field("adapter_payload", "bf16", "adapter bytes workers fetch; `int8` halves them for slow links",
+          choices=("bf16", "int8")),
+    Field("eval_every", 5, "evaluate every N adapter versions; 0 = off"),
+    Field("sync", False, "barrier mode (the synchronous baseline): a batch for v waits until v is published"),
+    Field("lora.rank", 16, "LoRA r", ">= 1"),
+    Field("lora.alpha", 32.0, "lora_alpha", "> 0"),
+    Field("lora.dropout", 0.0, "LoRA dropout", "[0, 1)"),
+    Field("lora.target_modules", ["all-linear"], "module names, or `all-linear`", "non-empty"),
+    Field("sampling.group_size", 8, "G completions per prompt, compared within their group", ">= 2"),
+    Field("sampling.temperature", 1.0, "sampling temperature", "> 0"),
+    Field("sampling.top_p", 1.0, "nucleus sampling; 1 = off", "(0, 1]"),
+    Field("sampling.top_k", 0, "top-k sampling; 0 = off"),
+    Field("sampling.max_new_tokens", 32, "the longest completion, in tokens", ">= 1"),
+    Field("grpo.learning_rate", 1e-4, "AdamW learning rate", "> 0"),
+    Field("grpo.lr_schedule", "constant", "learning rate schedule", choices=("constant", "linear", "cosine")),
+    Field("grpo.warmup_steps", 0, "learning rate warmup, in steps"),
+    Field("grpo.weight_decay", 0.0, "AdamW weight decay"),
+    Field("grpo.eps_low", 0.2, "the ratio is clipped to [1 - eps_low, 1 + eps_high]", "[0, 1)"),
+    Field("grpo.eps_high", 0.28, "the upper ratio clip", ">= 0"),
+    Field("grpo.loss_agg", "dapo", "`grpo` (per-sequence mean, then mean), `dapo` (token sum / tokens), "
+          "`dr_grpo` (sum / constant)", choices=("grpo", "dapo", "dr_grpo")),
+    Field("grpo.scale_rewards", "group", "advantage scaling", choices=("group", "batch", "none")),
+    Field("grpo.beta", 0.0, "KL to the reference (the same model, adapter disabled), k3 estimator; 0 = off", ">= 0"),
+    Field("grpo.max_grad_norm", 1.0, "gradient norm clip; 0 = no clipping", ">= 0"),
+    Field("grpo.micro_batch_tokens", 4096, "token budget of one micro-batch", ">= 1"),
+    Field("grpo.tis_cap", 0.0, "truncated importance weight cap (engine vs trainer mismatch); 0 = off", ">= 0"),
+    Field("grpo.recompute_logprobs", False, "decoupled PPO: behaviour log-probs under the learner's numerics"),
+    Field("staleness.max_staleness", 4, "cap in learner versions: admission, revocation, ingestion"),
+    Field("staleness.lease_seconds", 60, "a lease not heartbeated for this long expires", ">= 1"),
+    Field("staleness.max_attempts", 3, "after this many failed attempts a batch is dead-lettered", ">= 1"),
+    # the list first: its default entries then get each entry field's default below
+    Field("rewards", [{"function": "demo_sum"}], "reward functions, summed by weight", "non-empty"),
+    Field("rewards[].function", "", "a built-in (`demo_sum`, `math`) or `package.module:function`", required=True),
+    Field("rewards[].weight", 1.0, "its weight in the sum"),
+    Field("rewards[].sandboxed", False, "run it as an rq job in another process, with `timeout_s`"),
+    Field("rewards[].timeout_s", 10.0, "seconds one sandboxed call may take", "> 0"),
+)
+
+BY_PATH = {f.path: f for f in FIELDS}
+SECTIONS = ("lora", "sampling", "grpo", "staleness")  # RunSpec's message fields, as mappings in a file
+
+
+def short_repr(value: str, limit: int = 64) -> str:
+    """A value quoted for an error message, cut short: hostile input must not bloat the message
+    (gRPC refuses status details larger than its metadata limit)."""
+    return repr(value[:limit]) + ("..." if len(value) > limit else "")
+
+
+def _within(bound: str, value: float) -> bool:
+    if m := _HALF_LINE.match(bound):
+        return value >= float(m[2]) if m[1] == ">=" else value > float(m[2])
+    m = _INTERVAL.match(bound)
+    if not m:
+        raise ValueError(f"bad bound {bound!r}: write '>= x', '> x' or an interval like '[0, 1)'")
+    lo, hi = float(m[2]), float(m[3])
+    return (lo <= value if m[1] == "[" else lo < value) and (value <= hi if m[4] == "]" else value < hi)
+
+
+def _bound_text(bound: str) -> str:
+    return f"in {bound}" if _INTERVAL.match(bound) else bound
+
+
+def _holders(spec: pb.RunSpec, section: str) -> Iterator[tuple[str, Message]]:
+    """(path prefix, message) for each message holding a field of `section`: one reward per entry."""
+    if section == "rewards[]":
+        yield from ((f"rewards[{i}].", r) for i, r in enumerate(spec.rewards))
+    else:
+        yield (f"{section}." if section else "", getattr(spec, section) if section else spec)
+
+
+def assign(holder: Message, name: str, value: Any) -> None:
+    """Set one field from a spec-file value (a list of mappings for `rewards`); ParseError if it
+    does not parse as the field's type."""
+    json_format.ParseDict({name: value}, holder)
+
+
+def _unset(holder: Message, name: str) -> bool:
+    field = holder.DESCRIPTOR.fields_by_name[name]
+    if field.is_repeated:
+        return len(getattr(holder, name)) == 0
+    if field.has_presence:
+        return not holder.HasField(name)
+    return getattr(holder, name) == field.default_value
+
+
+def fill_defaults(spec: pb.RunSpec) -> pb.RunSpec:
+    """A copy of a CreateRun request's spec with every unset field at its default (see the module
+    docstring for what unset means); required fields are left for validation to refuse."""
+    out = pb.RunSpec()
+    out.CopyFrom(spec)
+    for field in FIELDS:
+        if field.required:
+            continue
+        for _, holder in _holders(out, field.section):
+            if _unset(holder, field.name):
+                assign(holder, field.name, field.default)
+    return out
+
+
+def validate_spec(spec: pb.RunSpec) -> None:
+    """ConfigError naming every bad field by its spec-file path, one line each."""
+    problems = []
+    for field in FIELDS:
+        for prefix, holder in _holders(spec, field.section):
+            if problem := field.problem(getattr(holder, field.name)):
+                problems.append(f"{prefix}{field.name}: {problem}")
+    refuse(problems)
+
+
+def refuse(problems: list[str]) -> None:
+    """ConfigError listing `problems` (one line per bad field), if there are any."""
+    if problems:
+        raise ConfigError("invalid run spec:\n  " + "\n  ".join(problems))
