@@ -7,6 +7,7 @@ import re
 import pytest
 import redis.asyncio as aioredis
 
+from brigade import keys
 from brigade.store.scripts import CONSTANTS, Declaration, Script, read_source, script_names
 
 EXPECTED = {"ack", "acquire", "complete", "create_run", "expire", "fail", "heartbeat", "lock_release", "lock_renew",
@@ -53,6 +54,15 @@ def test_call_by_name_binds_in_declared_order():
     assert (d.keys, d.args, d.rest) == (("a", "b"), ("x", "y"), "ids")
     assert d.bind("t", dict(y=2, b="kb", ids=["i1", "i2"], x=1, a="ka")) == (["ka", "kb"], [1, 2, "i1", "i2"])
     assert "for i = 3, #ARGV do A.ids[#A.ids + 1] = ARGV[i] end" in d.prelude()
+
+
+def test_run_keys_fill_only_keys_named_like_them():
+    d = Declaration.parse("t", "-- KEYS: work lease events\n-- ARGV: work_ms\n")
+    k = keys.RunKeys("r")
+    assert d.bind("t", dict(lease="L", work_ms=5), k) == ([k.work, "L", k.events], [5])
+    assert d.bind("t", dict(lease="L", work_ms=5, events="mine"), k)[0][2] == "mine"  # explicit wins
+    with pytest.raises(ValueError, match=r"missing \['lease'\]"):  # RunKeys.lease is a method, not a key
+        d.bind("t", dict(work_ms=5), k)
 
 
 async def test_missing_or_unknown_name_is_refused_before_redis():

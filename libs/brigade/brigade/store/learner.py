@@ -78,9 +78,7 @@ class Learner:
         k = (await self.runs.get(run)).keys
         check_ack_ids(run, delivery_ids, consumed, rejected)
         acked, _consumed, _rejected = await self.scripts.ack(
-            rollouts=k.rollouts, consumed=k.consumed, rejected=k.rejected, learner_step=k.learner_step,
-            metrics=k.metrics, stats=k.stats, events=k.events, completed=k.completed,
-            step=step, metrics_json=metrics_json, n_deliveries=len(delivery_ids), n_consumed=len(consumed),
+            k, step=step, metrics_json=metrics_json, n_deliveries=len(delivery_ids), n_consumed=len(consumed),
             learner=learner, ids=[*delivery_ids, *consumed, *rejected])
         return int(acked)
 
@@ -90,7 +88,6 @@ class Learner:
         k = (await self.runs.get(run)).keys
         check_adapter_manifest(run, manifest)
         (latest,) = await self.scripts.publish(
-            adapters=k.adapters, adapter_latest=k.adapter_latest, events=k.events,
-            version=manifest.version, manifest=manifest.SerializeToString(deterministic=True), uri=manifest.uri,
+            k, version=manifest.version, manifest=manifest.SerializeToString(deterministic=True), uri=manifest.uri,
             step=manifest.step)
         return int(latest)

@@ -69,11 +69,9 @@ class Leases:
         info = info or pb.WorkerInfo()
         check_worker_info(info)
         ri = await self.runs.get(run)
-        k, spec = ri.keys, ri.spec
+        spec = ri.spec
         outcome, *values = await self.scripts.acquire(
-            work=k.work, rollouts=k.rollouts, cursor=k.cursor, adapter_latest=k.adapter_latest,
-            learner_step=k.learner_step, workers=k.workers, events=k.events,
-            worker=worker, lease_prefix=ri.lease_prefix, lease_ms=ri.lease_ms, batches_per_epoch=ri.batches_per_epoch,
+            ri.keys, worker=worker, lease_prefix=ri.lease_prefix, lease_ms=ri.lease_ms, batches_per_epoch=ri.batches_per_epoch,
             total_batches=ri.total_batches, capacity=ri.capacity, batches_per_step=max(1, spec.batches_per_step),
             sync=int(spec.sync), max_steps=spec.max_steps, run=run, worker_info=info.SerializeToString(),
             lease_ttl_ms=ri.lease_ttl_ms)
@@ -91,10 +89,8 @@ class Leases:
     async def heartbeat(self, run: str, lease_id: str, worker: str) -> Beat:
         check_lease_ref(run, lease_id, worker)
         ri = await self.runs.get(run)
-        k = ri.keys
         status, message, deadline, latest = await self.scripts.heartbeat(
-            lease=k.lease(lease_id), work=k.work, adapter_latest=k.adapter_latest, workers=k.workers,
-            lease_id=lease_id, worker=worker, lease_ms=ri.lease_ms, lease_ttl_ms=ri.lease_ttl_ms)
+            ri.keys, lease=ri.keys.lease(lease_id), lease_id=lease_id, worker=worker, lease_ms=ri.lease_ms, lease_ttl_ms=ri.lease_ttl_ms)
         return Beat(text(status), text(message), int(deadline), int(latest))
 
     async def complete(self, run: str, lease_id: str, worker: str, manifest: pb.RolloutManifest | None) -> Completion:
@@ -102,11 +98,8 @@ class Leases:
         require_manifest(manifest)
         ri = await self.runs.get(run)
         check_rollout_manifest(run, manifest)
-        k = ri.keys
         outcome, *values = await self.scripts.complete(
-            lease=k.lease(lease_id), work=k.work, rollouts=k.rollouts, completed=k.completed, stats=k.stats,
-            workers=k.workers, events=k.events,
-            lease_id=lease_id, worker=worker, batch=manifest.batch_id, attempt=manifest.attempt,
+            ri.keys, lease=ri.keys.lease(lease_id), lease_id=lease_id, worker=worker, batch=manifest.batch_id, attempt=manifest.attempt,
             policy_version=manifest.policy_version, manifest=manifest.SerializeToString())
         if text(outcome) == "duplicate":
             return Completion(True)
@@ -117,10 +110,8 @@ class Leases:
         check_lease_ref(run, lease_id, worker)
         preempted = check_fail_reason(reason)
         ri = await self.runs.get(run)
-        k = ri.keys
         kind = "preempted" if preempted else "error"
         (nxt,) = await self.scripts.fail(
-            lease=k.lease(lease_id), work=k.work, deadletter=k.deadletter, stats=k.stats, events=k.events,
-            lease_id=lease_id, worker=worker, counted=0 if preempted else 1, max_attempts=ri.max_attempts,
+            ri.keys, lease=ri.keys.lease(lease_id), lease_id=lease_id, worker=worker, counted=0 if preempted else 1, max_attempts=ri.max_attempts,
             reason=kind + (f": {message[:500]}" if message else ""), kind=kind)
         return Failure(requeued=int(nxt) > 0, deadlettered=int(nxt) == 0, next_attempt=int(nxt))

@@ -119,8 +119,7 @@ class Runs:
                 p.pexpire(staged, 600_000)
                 await p.execute()
             outcome, *rest = await self.scripts.create_run(
-                spec=k.spec, prompts=k.prompts, staged=staged, work=k.work, rollouts=k.rollouts, runs=keys.RUNS_SET,
-                stats=k.stats, events=k.events, spec_bytes=spec_bytes, run=run, now=int(time.time() * 1000))
+                k, staged=staged, runs=keys.RUNS_SET, spec_bytes=spec_bytes, run=run, now=int(time.time() * 1000))
             if text(outcome) == "created":
                 return True
             existing = rest[0]

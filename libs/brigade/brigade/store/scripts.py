@@ -7,8 +7,9 @@ Each script file declares its keys and arguments in its header:
 
 (several `-- ARGV:` lines add up; a last name ending in `...` takes the rest of ARGV as a list).
 The loader prepends generated Lua that binds them by name, `K.work`, `A.worker`, `A.ids`, the
-constants below, and `common.lua`. Callers pass every name as a keyword argument; a missing or
-unknown one is a ValueError before Redis is called.
+constants below, and `common.lua`. Callers pass every name as a keyword argument; a key named
+like a `RunKeys` property (work, events, stats...) may instead come from the run's keys, passed
+first. A missing or unknown name is a ValueError before Redis is called.
 
 Every script answers `{'ok', value...}` or `{'err', kind, message}`; `Script.__call__` returns
 the values and raises the refusal as a StoreError.
@@ -86,8 +87,13 @@ class Declaration:
                          f"for i = {len(self.args) + 1}, #ARGV do A.{self.rest}[#A.{self.rest} + 1] = ARGV[i] end")
         return "\n".join(lines) + "\n"
 
-    def bind(self, script: str, values: dict[str, object]) -> tuple[list[object], list[object]]:
-        """(KEYS, ARGV) in declared order; ValueError naming what is missing or unknown."""
+    def bind(self, script: str, values: dict[str, object],
+             run_keys: keys.RunKeys | None = None) -> tuple[list[object], list[object]]:
+        """(KEYS, ARGV) in declared order, keys not in `values` taken from `run_keys` where it has
+        a property of that name; ValueError naming what is missing or unknown."""
+        if run_keys is not None:
+            known = {n: getattr(run_keys, n) for n in self.keys if isinstance(getattr(keys.RunKeys, n, None), property)}
+            values = {**known, **values}
         wanted = {*self.keys, *self.args, *([self.rest] if self.rest else [])}
         missing, unknown = sorted(wanted - values.keys()), sorted(values.keys() - wanted)
         if missing or unknown:
@@ -145,8 +151,8 @@ class Script:
         self._fast = fast
         self._script = client.register_script(self.source)
 
-    async def __call__(self, **values: object) -> list:
-        ks, args = self.declaration.bind(self.name, values)
+    async def __call__(self, run_keys: keys.RunKeys | None = None, /, **values: object) -> list:
+        ks, args = self.declaration.bind(self.name, values, run_keys)
         return unwrap(self.name, await self._run(ks, args))
 
     async def _run(self, ks: list[object], args: list[object]) -> list:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 
 from brigade import keys
-from brigade.store.runs import Runs
+from brigade.store.runs import RunInfo, Runs
 from brigade.store.scripts import Script, Scripts, text
 
 SWEEP_COUNT = 200             # entries one sweep script call looks at
@@ -23,12 +23,12 @@ class SweepResult:
     deadlettered: int = 0
 
 
-async def _pages(script: Script, **values: object) -> tuple[int, int]:
+async def _pages(script: Script, ri: RunInfo, **values: object) -> tuple[int, int]:
     """Call a sweep script page by page until its cursor says done (''): (sum of the first
     count, sum of the second, e.g. expired and dead-lettered)."""
     total, dead, cursor = 0, 0, ""
     while True:
-        cursor, n, *more = await script(cursor=cursor, **values)
+        cursor, n, *more = await script(ri.keys, cursor=cursor, count=SWEEP_COUNT, **values)
         total += int(n)
         dead += int(more[0]) if more else 0
         if not text(cursor):
@@ -44,30 +44,21 @@ class Sweeps:
     async def expire_leases(self, run: str, min_idle_ms: int | None = None) -> SweepResult:
         """Requeue (or dead-letter) every lease not heartbeated for lease_seconds."""
         ri = await self.runs.get(run)
-        k = ri.keys
-        expired, dead = await _pages(
-            self.scripts.expire, work=k.work, deadletter=k.deadletter, stats=k.stats, events=k.events,
-            min_idle_ms=ri.lease_ms if min_idle_ms is None else min_idle_ms, count=SWEEP_COUNT,
-            max_attempts=ri.max_attempts, lease_prefix=ri.lease_prefix, keep_ms=ri.keep_ms)
+        expired, dead = await _pages(self.scripts.expire, ri, min_idle_ms=ri.lease_ms if min_idle_ms is None else min_idle_ms,
+                                     max_attempts=ri.max_attempts, lease_prefix=ri.lease_prefix, keep_ms=ri.keep_ms)
         return SweepResult(expired=expired, deadlettered=dead)
 
     async def revoke_stale(self, run: str) -> SweepResult:
         """Revoke in-flight leases whose adapter version is more than max_staleness behind."""
         ri = await self.runs.get(run)
-        k = ri.keys
-        revoked, dead = await _pages(
-            self.scripts.revoke, work=k.work, adapter_latest=k.adapter_latest, deadletter=k.deadletter,
-            stats=k.stats, events=k.events, max_staleness=ri.max_staleness, count=SWEEP_COUNT,
-            max_attempts=ri.max_attempts, lease_prefix=ri.lease_prefix, keep_ms=ri.keep_ms)
+        revoked, dead = await _pages(self.scripts.revoke, ri, max_staleness=ri.max_staleness,
+                                     max_attempts=ri.max_attempts, lease_prefix=ri.lease_prefix, keep_ms=ri.keep_ms)
         return SweepResult(revoked=revoked, deadlettered=dead)
 
     async def remove_stale_manifests(self, run: str) -> SweepResult:
         """Drop completed manifests, not yet handed to the learner, that are too stale to train on."""
         ri = await self.runs.get(run)
-        k = ri.keys
-        removed, _ = await _pages(
-            self.scripts.remove_stale, rollouts=k.rollouts, adapter_latest=k.adapter_latest, rejected=k.rejected,
-            stats=k.stats, events=k.events, max_staleness=ri.max_staleness, count=SWEEP_COUNT)
+        removed, _ = await _pages(self.scripts.remove_stale, ri, max_staleness=ri.max_staleness)
         return SweepResult(stale_removed=removed)
 
     async def prune_consumers(self, run: str, min_idle_ms: int = CONSUMER_IDLE_MS) -> int:
