@@ -57,7 +57,8 @@ def manifest(run: str, g, worker: str) -> pb.RolloutManifest:
 
 
 async def go_silent(q: Store, run: str, g, worker: str) -> None:
-    await q.redis.xclaim(keys.RunKeys(run).work, keys.WORK_GROUP, worker, 0, [g.lease.lease_id], idle=10**9, justid=True)
+    await q.redis.xclaim(keys.RunKeys(run).work, keys.WORK_GROUP, worker, 0, [g.lease.lease_id], idle=10**9,
+                         justid=True)
 
 
 async def test_expired_lease_requeued_then_deadlettered(q):
@@ -68,7 +69,8 @@ async def test_expired_lease_requeued_then_deadlettered(q):
     assert await janitor.tick()
     assert janitor.totals.expired == 1
     events = [e for e in await q.views.read_events(run) if e.type == "LeaseExpired"]
-    assert [(e.attrs["batch"], e.attrs["worker"], e.attrs["attempt"]) for e in events] == [(g.lease.batch.batch_id, "w1", "1")]
+    assert [(e.attrs["batch"], e.attrs["worker"], e.attrs["attempt"]) for e in events] == [
+        (g.lease.batch.batch_id, "w1", "1")]
     g2 = await q.leases.acquire(run, "w2")
     assert (g2.lease.batch.batch_id, g2.lease.attempt) == (g.lease.batch.batch_id, 2)
     beat = await q.leases.heartbeat(run, g.lease.lease_id, "w1")
@@ -77,7 +79,8 @@ async def test_expired_lease_requeued_then_deadlettered(q):
     await janitor.tick()
     assert janitor.totals.deadlettered == 1
     (dead,) = await q.views.dead_letters(run)
-    assert (dead.batch_id, dead.reason, dead.last_worker, dead.attempts) == (g.lease.batch.batch_id, "lease expired", "w2", 2)
+    assert (dead.batch_id, dead.reason, dead.last_worker, dead.attempts) == (
+        g.lease.batch.batch_id, "lease expired", "w2", 2)
     assert (await q.leases.acquire(run, "w3")).lease.batch.batch_id != g.lease.batch.batch_id  # never handed out again
 
 
@@ -125,7 +128,8 @@ async def test_revocation_and_stale_removal(q):
     assert "LeaseRevoked" in types and "RolloutRejected" in types
     assert (await q.redis.hget(keys.RunKeys(run).rejected, waiting.lease.batch.batch_id)) == b"stale (janitor)"
     retry = await q.leases.acquire(run, "w3")
-    assert (retry.lease.batch.batch_id, retry.lease.attempt, retry.lease.adapter_version) == (inflight.lease.batch.batch_id, 2, 2)
+    assert (retry.lease.batch.batch_id, retry.lease.attempt, retry.lease.adapter_version) == (
+        inflight.lease.batch.batch_id, 2, 2)
 
 
 async def test_lock_failover_in_process(q):

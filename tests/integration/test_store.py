@@ -280,12 +280,13 @@ async def test_pull_ack_and_redelivery(q):
     # a restarted learner sees what it pulled but never acked
     again = await q.learner.pull(run, "L", 10, include_pending=True)
     assert [d for d, _ in again.rollouts] == [d for d, _ in first.rollouts]
-    acked = await q.learner.ack(run, "L", [d for d, _ in first.rollouts], [grants[0].lease.batch.batch_id], [grants[1].lease.batch.batch_id],
-                        step=1, metrics_json='{"loss": 0.5}')
+    b0, b1 = grants[0].lease.batch.batch_id, grants[1].lease.batch.batch_id
+    acked = await q.learner.ack(run, "L", [d for d, _ in first.rollouts], [b0], [b1], step=1,
+                                metrics_json='{"loss": 0.5}')
     assert acked == 2
     # idempotent: the same ack again changes nothing
-    assert await q.learner.ack(run, "L", [d for d, _ in first.rollouts], [grants[0].lease.batch.batch_id], [grants[1].lease.batch.batch_id],
-                       step=1, metrics_json='{"loss": 0.5}') == 0
+    assert await q.learner.ack(run, "L", [d for d, _ in first.rollouts], [b0], [b1], step=1,
+                               metrics_json='{"loss": 0.5}') == 0
     state = await q.views.run_state(run)
     assert (state.consumed, state.rejected, state.learner_step, state.completed) == (1, 1, 1, 1)
     assert [m.step for m in await q.views.metrics(run)] == [1]
@@ -351,7 +352,8 @@ async def test_expiry_requeues_with_next_attempt_then_deadletters(q):
     r = await q.sweeps.expire_leases(run)
     assert (r.expired, r.deadlettered) == (1, 1)
     (dead,) = await q.views.dead_letters(run)
-    assert (dead.batch_id, dead.reason, dead.last_worker, dead.attempts) == (g.lease.batch.batch_id, "lease expired", "w2", 2)
+    assert (dead.batch_id, dead.reason, dead.last_worker, dead.attempts) == (
+        g.lease.batch.batch_id, "lease expired", "w2", 2)
     state = await q.views.run_state(run)
     assert (state.expired, state.deadlettered, state.queued, state.leased) == (2, 1, 0, 0)
 
@@ -371,7 +373,8 @@ async def test_revoke_stale_leases(q):
     with pytest.raises(FailedPrecondition, match="revoked"):
         await q.leases.complete(run, old.lease.lease_id, "w1", manifest(run, old, "w1"))
     again = await q.leases.acquire(run, "w3")
-    assert again.lease.batch.batch_id == old.lease.batch.batch_id and again.lease.attempt == 2 and again.lease.adapter_version == 2
+    assert again.lease.batch.batch_id == old.lease.batch.batch_id
+    assert again.lease.attempt == 2 and again.lease.adapter_version == 2
     assert (await q.views.run_state(run)).revoked == 1
 
 
@@ -399,7 +402,8 @@ async def test_inspection_reads(q):
     run = await new_run(q)
     g = await q.leases.acquire(run, "w1", pb.WorkerInfo(capacity_class="spot", price_per_hour=0.7))
     (lease,) = await q.views.list_leases(run)
-    assert (lease.lease_id, lease.batch_id, lease.worker_id, lease.attempt) == (g.lease.lease_id, g.lease.batch.batch_id, "w1", 1)
+    assert (lease.lease_id, lease.batch_id, lease.worker_id, lease.attempt) == (
+        g.lease.lease_id, g.lease.batch.batch_id, "w1", 1)
     (worker,) = await q.views.list_workers(run)
     assert (worker.worker_id, worker.capacity_class, worker.leases_granted) == ("w1", "spot", 1)
     assert worker.last_seen_ms > 0

@@ -71,10 +71,10 @@ class Leases:
         ri = await self.runs.get(run)
         spec = ri.spec
         outcome, *values = await self.scripts.acquire(
-            ri.keys, worker=worker, lease_prefix=ri.lease_prefix, lease_ms=ri.lease_ms, batches_per_epoch=ri.batches_per_epoch,
-            total_batches=ri.total_batches, capacity=ri.capacity, batches_per_step=max(1, spec.batches_per_step),
-            sync=int(spec.sync), max_steps=spec.max_steps, run=run, worker_info=info.SerializeToString(),
-            lease_ttl_ms=ri.lease_ttl_ms)
+            ri.keys, worker=worker, lease_prefix=ri.lease_prefix, lease_ms=ri.lease_ms,
+            batches_per_epoch=ri.batches_per_epoch, total_batches=ri.total_batches, capacity=ri.capacity,
+            batches_per_step=max(1, spec.batches_per_step), sync=int(spec.sync), max_steps=spec.max_steps, run=run,
+            worker_info=info.SerializeToString(), lease_ttl_ms=ri.lease_ttl_ms)
         reason = text(outcome)
         if reason != "granted":
             return pb.AcquireLeaseResponse(granted=False, reason=reason,
@@ -90,7 +90,8 @@ class Leases:
         check_lease_ref(run, lease_id, worker)
         ri = await self.runs.get(run)
         status, message, deadline, latest = await self.scripts.heartbeat(
-            ri.keys, lease=ri.keys.lease(lease_id), lease_id=lease_id, worker=worker, lease_ms=ri.lease_ms, lease_ttl_ms=ri.lease_ttl_ms)
+            ri.keys, lease=ri.keys.lease(lease_id), lease_id=lease_id, worker=worker, lease_ms=ri.lease_ms,
+            lease_ttl_ms=ri.lease_ttl_ms)
         return Beat(text(status), text(message), int(deadline), int(latest))
 
     async def complete(self, run: str, lease_id: str, worker: str, manifest: pb.RolloutManifest | None) -> Completion:
@@ -99,8 +100,8 @@ class Leases:
         ri = await self.runs.get(run)
         check_rollout_manifest(run, manifest)
         outcome, *values = await self.scripts.complete(
-            ri.keys, lease=ri.keys.lease(lease_id), lease_id=lease_id, worker=worker, batch=manifest.batch_id, attempt=manifest.attempt,
-            policy_version=manifest.policy_version, manifest=manifest.SerializeToString())
+            ri.keys, lease=ri.keys.lease(lease_id), lease_id=lease_id, worker=worker, batch=manifest.batch_id,
+            attempt=manifest.attempt, policy_version=manifest.policy_version, manifest=manifest.SerializeToString())
         if text(outcome) == "duplicate":
             return Completion(True)
         return Completion(False, text(values[0]))
@@ -112,6 +113,6 @@ class Leases:
         ri = await self.runs.get(run)
         kind = "preempted" if preempted else "error"
         (nxt,) = await self.scripts.fail(
-            ri.keys, lease=ri.keys.lease(lease_id), lease_id=lease_id, worker=worker, counted=0 if preempted else 1, max_attempts=ri.max_attempts,
-            reason=kind + (f": {message[:500]}" if message else ""), kind=kind)
+            ri.keys, lease=ri.keys.lease(lease_id), lease_id=lease_id, worker=worker, counted=0 if preempted else 1,
+            max_attempts=ri.max_attempts, reason=kind + (f": {message[:500]}" if message else ""), kind=kind)
         return Failure(requeued=int(nxt) > 0, deadlettered=int(nxt) == 0, next_attempt=int(nxt))

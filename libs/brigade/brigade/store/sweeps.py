@@ -44,8 +44,9 @@ class Sweeps:
     async def expire_leases(self, run: str, min_idle_ms: int | None = None) -> SweepResult:
         """Requeue (or dead-letter) every lease not heartbeated for lease_seconds."""
         ri = await self.runs.get(run)
-        expired, dead = await _pages(self.scripts.expire, ri, min_idle_ms=ri.lease_ms if min_idle_ms is None else min_idle_ms,
-                                     max_attempts=ri.max_attempts, lease_prefix=ri.lease_prefix, keep_ms=ri.keep_ms)
+        idle = ri.lease_ms if min_idle_ms is None else min_idle_ms
+        expired, dead = await _pages(self.scripts.expire, ri, min_idle_ms=idle, max_attempts=ri.max_attempts,
+                                     lease_prefix=ri.lease_prefix, keep_ms=ri.keep_ms)
         return SweepResult(expired=expired, deadlettered=dead)
 
     async def revoke_stale(self, run: str) -> SweepResult:
