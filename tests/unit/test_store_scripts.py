@@ -84,3 +84,24 @@ async def test_missing_or_unknown_name_is_refused_before_redis():
 def test_bad_declarations(header, error):
     with pytest.raises(ValueError, match=error):
         Declaration.parse("t", header)
+
+
+@pytest.mark.parametrize("pipelined", [True, False])
+async def test_every_script_compiles_and_reloads_after_a_flush(redis_url, pipelined):
+    """SCRIPT LOAD compiles each assembled script in a real Redis; after SCRIPT FLUSH (a restart
+    loses them too) the next call loads it again, over either connection."""
+    from brigade.store import Store
+
+    store = Store(redis_url, pipelined=pipelined)
+    try:
+        for name in script_names():
+            sha = await store.redis.script_load(getattr(store.scripts, name).source)
+            assert sha == getattr(store.scripts, name).sha
+        await store.redis.script_flush()
+        lock = f"test-lock-{pipelined}"
+        assert await store.sweeps.lock_acquire(lock, "me", 5_000)
+        assert await store.sweeps.lock_renew(lock, "me", 5_000)  # NOSCRIPT, then loaded and run
+        assert not await store.sweeps.lock_release(lock, "someone else")
+        assert await store.sweeps.lock_release(lock, "me")
+    finally:
+        await store.close()

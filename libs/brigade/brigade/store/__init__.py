@@ -73,7 +73,7 @@ class Store:
         self.redis = aioredis.Redis(connection_pool=pool)
         self.blocking = aioredis.Redis(connection_pool=bpool)
         self.fast = PipelinedRedis(redis_url) if pipelined and PipelinedRedis.supports(redis_url) else None
-        scripts = Scripts(self.redis, self.fast)
+        self.scripts = scripts = Scripts(self.redis, self.fast)
         self.runs = Runs(self.redis, scripts)
         self.leases = Leases(self.runs, scripts)
         self.learner = Learner(self.redis, self.blocking, self.runs, scripts)
