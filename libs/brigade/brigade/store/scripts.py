@@ -39,7 +39,7 @@ CONSTANTS = {
 }
 
 _HEADER = re.compile(r"^-- (KEYS|ARGV):(.*)$", re.MULTILINE)
-_NAME = re.compile(r"^[a-z][a-z0-9_]*(\.\.\.)?$")
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
 def _lua_literal(value: str | int) -> str:
@@ -70,7 +70,7 @@ class Declaration:
         if args and args[-1].endswith("..."):
             rest = args.pop()[:-3]
         every = [*ks, *args, *([rest] if rest else [])]
-        bad = [n for n in every if not _NAME.match(n) or n.endswith("...")]
+        bad = [n for n in every if not _NAME.match(n)]
         if bad:
             raise ValueError(f"{name}.lua: bad names {bad} (lowercase identifiers; only the last ARGV may end in ...)")
         if len(set(every)) != len(every):
@@ -98,7 +98,7 @@ class Declaration:
         missing, unknown = sorted(wanted - values.keys()), sorted(values.keys() - wanted)
         if missing or unknown:
             raise ValueError(f"script {script}: missing {missing}, unknown {unknown}")
-        rest = list(values[self.rest]) if self.rest else []  # type: ignore[call-overload]
+        rest = list(values[self.rest]) if self.rest else []
         return [values[n] for n in self.keys], [*(values[n] for n in self.args), *rest]
 
 
