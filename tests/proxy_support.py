@@ -1,8 +1,8 @@
-"""Helpers shared by the queue / proxy / janitor / ctl tests (not a test module itself).
+"""Helpers shared by the store / proxy / janitor / ctl tests (not a test module itself).
 
 `BackgroundProxy` runs a real grpc.aio proxy in its own thread and event loop, so synchronous
 tests (hypothesis, typer's CliRunner) can call it with plain blocking stubs and can still run
-coroutines (janitor sweeps, queue reads) on the proxy's loop with `call()`.
+coroutines (janitor sweeps, store reads) on the proxy's loop with `call()`.
 """
 
 from __future__ import annotations
@@ -108,11 +108,11 @@ class BackgroundProxy:
         return self.server.target
 
     @property
-    def queue(self):
-        return self.server.proxy.queue
+    def store(self):
+        return self.server.proxy.store
 
     def restart(self) -> None:
-        """A new server object (new port, new Queue, empty caches) on the same Redis."""
+        """A new server object (new port, new Store, empty caches) on the same Redis."""
         self.call(self.server.stop(0))
         self.server = self.call(self._start())
 

@@ -1,6 +1,7 @@
 """Lease-proxy throughput: acquire + complete cycles through `brigade proxy` (a separate process,
-over loopback gRPC, backed by its own redis-server), against the same cycle done with raw
-redis-py stream commands at the same concurrency, in the same run.
+over loopback gRPC, backed by its own redis-server), against the same cycle through a second
+proxy whose store runs its scripts over plain redis-py (`--no-pipelined`), and against raw
+redis-py stream commands at the same concurrency, all in the same run.
 
     brigade bench proxy [--quick]
 
@@ -12,6 +13,9 @@ acquire_p50/p99_ms   AcquireLease latency with the same 64 clients offering 1000
                      all (open loop, like workers that generate between calls)
 light_acquire_*      the same at 200 cycles/s (64 workers, one cycle each every 320 ms)
 raw_cycles_per_s     XREADGROUP, then XACK + XDEL + XADD in one pipeline, 64 concurrent tasks
+redis_py_cycles_per_s  lease_cycles_per_s again (same closed loop, same scripts, a fresh run on the
+                     same Redis), through a proxy started with --no-pipelined: what the
+                     hand-written pipelining client (brigade.resp) buys over plain redis-py
 cycle_ratio          our time per cycle / raw time per cycle (lower is better)
 
 The clients run in `client_processes` processes (2 by default) so the client side, which costs
@@ -192,12 +196,12 @@ async def _create_run(target: str, run: str, prompts: int) -> None:
         raise RuntimeError("the proxy did not accept CreateRun")
 
 
-def _start_proxy(redis_url: str, port: int) -> subprocess.Popen:
+def _start_proxy(redis_url: str, port: int, pipelined: bool = True) -> subprocess.Popen:
     from brigade_cli.devservers import wait_for_port
 
     env = dict(os.environ, BRIGADE_LOG_FORMAT="json")
     argv = [sys.executable, "-m", "brigade_proxy", "--listen", f"127.0.0.1:{port}", "--redis-url", redis_url,
-            "--bucket", "", "--log-level", "warning"]
+            "--bucket", "", "--log-level", "warning", "--pipelined" if pipelined else "--no-pipelined"]
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     wait_for_port(port, timeout=30, proc=proc)
     return proc
@@ -215,6 +219,30 @@ async def _phase(target: str, run_id: str, processes: int, cycles: int, rate: fl
             "denied": sum(r["denied"] for r in results)}
 
 
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+async def _saturated_without_pipelining(redis_url: str, processes: int, cycles: int, warmup: int) -> dict:
+    """The closed-loop phase again, through a proxy whose store uses plain redis-py."""
+    from brigade_cli.devservers import free_port
+
+    port = free_port()
+    proxy = _start_proxy(redis_url, port, pipelined=False)
+    target = f"127.0.0.1:{port}"
+    try:
+        run_id = "bench-proxy-redis-py"
+        await _create_run(target, run_id, cycles + warmup + 1000)
+        await _proxy_clients(target, run_id, CONCURRENCY, min(warmup, cycles), "warm")
+        return await _phase(target, run_id, processes, cycles)
+    finally:
+        _stop(proxy)
+
+
 async def run(quick: bool = False, client_processes: int = 2, paced_rate: float = 1000.0,
               cycles: int | None = None, paced_seconds: float | None = None) -> dict:
     from brigade_cli.devservers import free_port, start_redis
@@ -224,25 +252,24 @@ async def run(quick: bool = False, client_processes: int = 2, paced_rate: float 
     warmup = 500
     with tempfile.TemporaryDirectory(prefix="brigade-bench-proxy-") as tmp:
         redis = start_redis(Path(tmp) / "redis")
-        port = free_port()
-        proxy = _start_proxy(redis.url, port)
-        target = f"127.0.0.1:{port}"
         try:
-            run_id = "bench-proxy"
-            await _create_run(target, run_id, cycles + paced_cycles + warmup + 2000)
-            await _proxy_clients(target, run_id, CONCURRENCY, min(warmup, cycles), "warm")
-            saturated = await _phase(target, run_id, client_processes, cycles)
-            paced = await _phase(target, run_id, client_processes, paced_cycles, paced_rate)
-            light = await _phase(target, run_id, client_processes, int(LIGHT_RATE * (paced_seconds or 2)),
-                                 LIGHT_RATE)
+            port = free_port()
+            proxy = _start_proxy(redis.url, port)
+            target = f"127.0.0.1:{port}"
+            try:
+                run_id = "bench-proxy"
+                await _create_run(target, run_id, cycles + paced_cycles + warmup + 2000)
+                await _proxy_clients(target, run_id, CONCURRENCY, min(warmup, cycles), "warm")
+                saturated = await _phase(target, run_id, client_processes, cycles)
+                paced = await _phase(target, run_id, client_processes, paced_cycles, paced_rate)
+                light = await _phase(target, run_id, client_processes, int(LIGHT_RATE * (paced_seconds or 2)),
+                                     LIGHT_RATE)
+            finally:
+                _stop(proxy)
+            plain = await _saturated_without_pipelining(redis.url, client_processes, cycles, warmup)
             raw = await _raw_cycles(redis.url, CONCURRENCY, cycles)
             raw_rate = len(raw["acquire_ms"]) / raw["elapsed"]
         finally:
-            proxy.terminate()
-            try:
-                proxy.wait(10)
-            except subprocess.TimeoutExpired:
-                proxy.kill()
             redis.stop()
     ours = saturated["rate"]
     return {
@@ -259,11 +286,14 @@ async def run(quick: bool = False, client_processes: int = 2, paced_rate: float 
         # open loop at a fleet-like load: 64 workers, one cycle every 320 ms each
         "light_acquire_p50_ms": round(statistics.median(light["acquire"]), 3),
         "light_acquire_p99_ms": round(_percentile(light["acquire"], 0.99), 3),
+        # the same closed loop through a proxy without the pipelining client
+        "redis_py_cycles_per_s": round(plain["rate"], 1),
+        "redis_py_saturated_acquire_p99_ms": round(_percentile(plain["acquire"], 0.99), 3),
         "raw_cycles_per_s": round(raw_rate, 1),
         "raw_acquire_p99_ms": round(_percentile(raw["acquire_ms"], 0.99), 3),
         "cycle_ratio": round(raw_rate / ours, 3),
         "cycles": saturated["cycles"] + paced["cycles"] + light["cycles"],
-        "denied": saturated["denied"] + paced["denied"] + light["denied"],
+        "denied": saturated["denied"] + paced["denied"] + light["denied"] + plain["denied"],
         "concurrency": CONCURRENCY,
         "client_processes": client_processes,
         "target_cycles_per_s": 1000,

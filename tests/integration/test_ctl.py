@@ -51,7 +51,7 @@ def run(token_proxy):
                                                 metrics_json='{"loss": 0.125, "reward_mean": 0.5, "note": "x"}'),
                           metadata=md)
     c.learner.PublishAdapter(pb.PublishAdapterRequest(run_id=run, manifest=adapter_manifest(run, 1)), metadata=md)
-    token_proxy.call(token_proxy.queue.redis.hset(keys.RunKeys(run).evals, "1", '{"accuracy": 0.75}'))
+    token_proxy.call(token_proxy.store.redis.hset(keys.RunKeys(run).evals, "1", '{"accuracy": 0.75}'))
     c.close()
     return run
 

@@ -16,7 +16,7 @@ from rq import Queue as RqQueue
 from brigade import adapters, keys
 from brigade.bucket import open_bucket
 from brigade.model import attach_lora, load_base
-from brigade.queue import Queue
+from brigade.store import Store
 from brigade_evaluator.cli import eval_queue, should_evaluate, watch
 from brigade_evaluator.evaluate import _evaluate
 from brigade_testing.tiny import tiny_model, tiny_spec
@@ -27,7 +27,7 @@ def model_dir(tmp_path_factory):
     return tiny_model(tmp_path_factory.mktemp("tiny"))
 
 
-async def _publish(queue: Queue, bucket_url: str, spec, version: int) -> None:
+async def _publish(store: Store, bucket_url: str, spec, version: int) -> None:
     """Write a perturbed adapter as `version` and publish it, the way the learner does."""
     model, _ = load_base(spec)
     peft = attach_lora(model, spec)
@@ -37,7 +37,7 @@ async def _publish(queue: Queue, bucket_url: str, spec, version: int) -> None:
     files, _ = adapters.encode(state, adapters.adapter_config_json(peft), "bf16")
     async with open_bucket(bucket_url) as bucket:
         manifest = await adapters.write_version(bucket, spec.run_id, version, version, files, "bf16")
-    await queue.publish(spec.run_id, manifest)
+    await store.learner.publish(spec.run_id, manifest)
 
 
 def test_should_evaluate():
@@ -49,33 +49,33 @@ async def test_evaluate_scores_a_version_and_writes_once(redis_url, file_bucket_
     from brigade_testing.tiny import demo_prompts
 
     spec = tiny_spec(model_dir, run_id="eval-a", dataset="demo", eval_dataset="demo:heldout")
-    queue = Queue(redis_url)
-    await queue.create_run(spec, demo_prompts(8))
-    await _publish(queue, file_bucket_url, spec, 1)
+    store = Store(redis_url)
+    await store.runs.create(spec, demo_prompts(8))
+    await _publish(store, file_bucket_url, spec, 1)
     result = await _evaluate("eval-a", 1, file_bucket_url, redis_url)
     assert result["version"] == 1 and result["prompts"] == 20 and result["samples"] == 80
     assert result["scored"] == 80 and 0.0 <= result["reward_mean"] <= 1.0
     async with open_bucket(file_bucket_url) as bucket:
         stored = json.loads(await bucket.get(keys.eval_key("eval-a", 1)))
     assert stored["reward_mean"] == result["reward_mean"]
-    assert json.loads(await queue.redis.hget(keys.RunKeys("eval-a").evals, "1"))["version"] == 1
+    assert json.loads(await store.redis.hget(keys.RunKeys("eval-a").evals, "1"))["version"] == 1
     # same version, same seed: a retried job computes the same score and keeps the first file
     again = await _evaluate("eval-a", 1, file_bucket_url, redis_url)
     assert again["reward_mean"] == result["reward_mean"]
     # the proxy's adapter listing carries the evaluation
-    listed = {a.version: a for a in await queue.list_adapters("eval-a")}
+    listed = {a.version: a for a in await store.views.list_adapters("eval-a")}
     assert json.loads(listed[1].eval_json)["reward_mean"] == result["reward_mean"]
-    await queue.close()
+    await store.close()
 
 
 async def test_watcher_enqueues_every_nth_version_and_the_job_runs(redis_url, file_bucket_url, model_dir):
     from brigade_testing.tiny import demo_prompts
 
     spec = tiny_spec(model_dir, run_id="eval-b", dataset="demo", eval_dataset="demo:heldout", eval_every=2)
-    queue = Queue(redis_url)
-    await queue.create_run(spec, demo_prompts(8))
+    store = Store(redis_url)
+    await store.runs.create(spec, demo_prompts(8))
     for version in (1, 2, 3, 4):
-        await _publish(queue, file_bucket_url, spec, version)
+        await _publish(store, file_bucket_url, spec, version)
 
     import structlog
 
@@ -94,7 +94,7 @@ async def test_watcher_enqueues_every_nth_version_and_the_job_runs(redis_url, fi
         sys.executable, "-m", "rq.cli", "worker", "--burst", "--url", redis_url, "--worker-class",
         "rq.worker.SimpleWorker", eval_queue("eval-b"))
     assert await asyncio.wait_for(worker.wait(), 240) == 0
-    evals = await queue.redis.hgetall(keys.RunKeys("eval-b").evals)
+    evals = await store.redis.hgetall(keys.RunKeys("eval-b").evals)
     assert sorted(int(v) for v in evals) == [2, 4]
     conn.close()
-    await queue.close()
+    await store.close()

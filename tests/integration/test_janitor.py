@@ -16,7 +16,7 @@ import redis
 from proxy_support import adapter_manifest, make_prompts, make_spec, new_run_id
 
 from brigade import keys
-from brigade.queue import Queue
+from brigade.store import Store
 from brigade.v1 import brigade_pb2 as pb
 from brigade_cli.devservers import start_redis
 from brigade_janitor.janitor import LOCK_KEY, Janitor
@@ -35,48 +35,53 @@ def redis_url(tmp_path_factory):
 
 @pytest_asyncio.fixture
 async def q(redis_url):
-    queue = Queue(redis_url)
-    await queue.redis.delete(LOCK_KEY)
-    yield queue
-    await queue.redis.delete(LOCK_KEY)
-    await queue.close()
+    store = Store(redis_url)
+    await store.redis.delete(LOCK_KEY)
+    yield store
+    await store.redis.delete(LOCK_KEY)
+    await store.close()
 
 
-async def new_run(q: Queue, **spec) -> str:
+async def new_run(q: Store, **spec) -> str:
     run = new_run_id("j")
-    await q.create_run(make_spec(run, **spec), make_prompts(20))
+    await q.runs.create(make_spec(run, **spec), make_prompts(20))
     return run
 
 
 def manifest(run: str, g, worker: str) -> pb.RolloutManifest:
-    return pb.RolloutManifest(run_id=run, batch_id=g.batch_id, attempt=g.attempt, worker_id=worker,
-                              policy_version=g.version, uri=keys.rollout_key(run, g.batch_id, g.attempt),
+    lease = g.lease
+    return pb.RolloutManifest(run_id=run, batch_id=lease.batch.batch_id, attempt=lease.attempt, worker_id=worker,
+                              policy_version=lease.adapter_version,
+                              uri=keys.rollout_key(run, lease.batch.batch_id, lease.attempt),
                               sha256="0" * 64, num_samples=2)
 
 
-async def go_silent(q: Queue, run: str, g, worker: str) -> None:
-    await q.redis.xclaim(keys.RunKeys(run).work, keys.WORK_GROUP, worker, 0, [g.lease_id], idle=10**9, justid=True)
+async def go_silent(q: Store, run: str, g, worker: str) -> None:
+    await q.redis.xclaim(keys.RunKeys(run).work, keys.WORK_GROUP, worker, 0, [g.lease.lease_id], idle=10**9,
+                         justid=True)
 
 
 async def test_expired_lease_requeued_then_deadlettered(q):
     run = await new_run(q, staleness={"max_attempts": 2})
     janitor = Janitor(q, runs=[run], janitor_id="j1", interval=0.1, lock_ttl_ms=1000)
-    g = await q.acquire(run, "w1")
+    g = await q.leases.acquire(run, "w1")
     await go_silent(q, run, g, "w1")
     assert await janitor.tick()
     assert janitor.totals.expired == 1
-    events = [e for e in await q.read_events(run) if e.type == "LeaseExpired"]
-    assert [(e.attrs["batch"], e.attrs["worker"], e.attrs["attempt"]) for e in events] == [(g.batch_id, "w1", "1")]
-    g2 = await q.acquire(run, "w2")
-    assert (g2.batch_id, g2.attempt) == (g.batch_id, 2)
-    beat = await q.heartbeat(run, g.lease_id, "w1")
+    events = [e for e in await q.views.read_events(run) if e.type == "LeaseExpired"]
+    assert [(e.attrs["batch"], e.attrs["worker"], e.attrs["attempt"]) for e in events] == [
+        (g.lease.batch.batch_id, "w1", "1")]
+    g2 = await q.leases.acquire(run, "w2")
+    assert (g2.lease.batch.batch_id, g2.lease.attempt) == (g.lease.batch.batch_id, 2)
+    beat = await q.leases.heartbeat(run, g.lease.lease_id, "w1")
     assert beat.status == "lost" and "expired" in beat.message
     await go_silent(q, run, g2, "w2")
     await janitor.tick()
     assert janitor.totals.deadlettered == 1
-    (dead,) = await q.dead_letters(run)
-    assert (dead.batch_id, dead.reason, dead.last_worker, dead.attempts) == (g.batch_id, "lease expired", "w2", 2)
-    assert (await q.acquire(run, "w3")).batch_id != g.batch_id  # never handed out again
+    (dead,) = await q.views.dead_letters(run)
+    assert (dead.batch_id, dead.reason, dead.last_worker, dead.attempts) == (
+        g.lease.batch.batch_id, "lease expired", "w2", 2)
+    assert (await q.leases.acquire(run, "w3")).lease.batch.batch_id != g.lease.batch.batch_id  # never handed out again
 
 
 async def test_expiry_in_real_time_and_heartbeats_keep_leases(q):
@@ -85,52 +90,53 @@ async def test_expiry_in_real_time_and_heartbeats_keep_leases(q):
     stop = asyncio.Event()
     task = asyncio.create_task(janitor.run(stop))
     try:
-        kept = await q.acquire(run, "alive")
-        dropped = await q.acquire(run, "dead")
+        kept = await q.leases.acquire(run, "alive")
+        dropped = await q.leases.acquire(run, "dead")
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
-            assert (await q.heartbeat(run, kept.lease_id, "alive")).status == "ok"
-            if (await q.run_state(run)).expired:
+            assert (await q.leases.heartbeat(run, kept.lease.lease_id, "alive")).status == "ok"
+            if (await q.views.run_state(run)).expired:
                 break
             await asyncio.sleep(0.2)
-        state = await q.run_state(run)
+        state = await q.views.run_state(run)
         assert state.expired == 1 and state.queued == 1 and state.leased == 1
-        again = await q.acquire(run, "other")
-        assert (again.batch_id, again.attempt) == (dropped.batch_id, 2)
-        assert (await q.heartbeat(run, kept.lease_id, "alive")).status == "ok"
+        again = await q.leases.acquire(run, "other")
+        assert (again.lease.batch.batch_id, again.lease.attempt) == (dropped.lease.batch.batch_id, 2)
+        assert (await q.leases.heartbeat(run, kept.lease.lease_id, "alive")).status == "ok"
     finally:
         stop.set()
         await task
-    assert await q.lock_holder(LOCK_KEY) == ""  # released on the way out
+    assert await q.sweeps.lock_holder(LOCK_KEY) == ""  # released on the way out
 
 
 async def test_revocation_and_stale_removal(q):
     run = await new_run(q, staleness={"max_staleness": 1, "max_attempts": 3})
     janitor = Janitor(q, runs=[run], janitor_id="j2", interval=0.1, lock_ttl_ms=1000)
-    inflight = await q.acquire(run, "w1")
-    waiting = await q.acquire(run, "w2")
-    await q.complete(run, waiting.lease_id, "w2", manifest(run, waiting, "w2"))
-    await q.publish(run, adapter_manifest(run, 1))
+    inflight = await q.leases.acquire(run, "w1")
+    waiting = await q.leases.acquire(run, "w2")
+    await q.leases.complete(run, waiting.lease.lease_id, "w2", manifest(run, waiting, "w2"))
+    await q.learner.publish(run, adapter_manifest(run, 1))
     await janitor.tick()
     assert janitor.totals.revoked == janitor.totals.stale_removed == 0  # staleness 1 is allowed
-    await q.publish(run, adapter_manifest(run, 2))
+    await q.learner.publish(run, adapter_manifest(run, 2))
     await janitor.tick()
     assert (janitor.totals.revoked, janitor.totals.stale_removed) == (1, 1)
-    assert (await q.heartbeat(run, inflight.lease_id, "w1")).status == "revoked"
-    state = await q.run_state(run)
+    assert (await q.leases.heartbeat(run, inflight.lease.lease_id, "w1")).status == "revoked"
+    state = await q.views.run_state(run)
     assert (state.revoked, state.stale_removed, state.completed, state.queued) == (1, 1, 0, 1)
-    types = [e.type for e in await q.read_events(run)]
+    types = [e.type for e in await q.views.read_events(run)]
     assert "LeaseRevoked" in types and "RolloutRejected" in types
-    assert (await q.redis.hget(keys.RunKeys(run).rejected, waiting.batch_id)) == b"stale (janitor)"
-    retry = await q.acquire(run, "w3")
-    assert (retry.batch_id, retry.attempt, retry.version) == (inflight.batch_id, 2, 2)
+    assert (await q.redis.hget(keys.RunKeys(run).rejected, waiting.lease.batch.batch_id)) == b"stale (janitor)"
+    retry = await q.leases.acquire(run, "w3")
+    assert (retry.lease.batch.batch_id, retry.lease.attempt, retry.lease.adapter_version) == (
+        inflight.lease.batch.batch_id, 2, 2)
 
 
 async def test_lock_failover_in_process(q):
     a = Janitor(q, janitor_id="A", interval=0.1, lock_ttl_ms=400, runs=[])
     b = Janitor(q, janitor_id="B", interval=0.1, lock_ttl_ms=400, runs=[])
     assert await a.tick() and not await b.tick()
-    assert await q.lock_holder(LOCK_KEY) == "A"
+    assert await q.sweeps.lock_holder(LOCK_KEY) == "A"
     assert await a.tick()  # renewing keeps it
     # A dies without releasing: B takes over once the lock lapses
     start = time.monotonic()
@@ -138,7 +144,7 @@ async def test_lock_failover_in_process(q):
         await asyncio.sleep(0.05)
         assert time.monotonic() - start < 3
     assert 0.2 < time.monotonic() - start < 1.5
-    assert await q.lock_holder(LOCK_KEY) == "B"
+    assert await q.sweeps.lock_holder(LOCK_KEY) == "B"
     assert not await a.tick() and not a.holding  # A comes back: it notices and waits
     await b.release()
     assert await a.tick()
@@ -175,7 +181,7 @@ async def test_lock_failover_between_processes(q, redis_url):
         took = _wait_for(lambda: r.get(LOCK_KEY) == b"proc-B", 5)
         assert took < 3
         # and B does the job: a silent lease gets requeued
-        g = await q.acquire(run, "w1")
+        g = await q.leases.acquire(run, "w1")
         await go_silent(q, run, g, "w1")
         await asyncio.to_thread(_wait_for, lambda: r.hget(keys.RunKeys(run).stats, "expired") == b"1", 5)
         b.send_signal(signal.SIGTERM)  # graceful: releases the lock

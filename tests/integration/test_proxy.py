@@ -136,7 +136,7 @@ async def test_full_cycle(client):
 async def test_eval_json_in_adapters(client, server):
     run = await create(client)
     await client.learner.PublishAdapter(pb.PublishAdapterRequest(run_id=run, manifest=adapter_manifest(run, 1)))
-    await server.proxy.queue.redis.hset(keys.RunKeys(run).evals, "1", '{"accuracy": 0.5}')
+    await server.proxy.store.redis.hset(keys.RunKeys(run).evals, "1", '{"accuracy": 0.5}')
     (a,) = (await client.runs.ListAdapters(pb.RunRef(run_id=run))).adapters
     assert a.eval_json == '{"accuracy": 0.5}'
 
@@ -264,7 +264,7 @@ async def test_servicer_bug_is_internal_and_server_survives(client, server, monk
     async def broken(*args, **kwargs):
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(server.proxy.queue, "run_state", broken)
+    monkeypatch.setattr(server.proxy.store.views, "run_state", broken)
     got, details = await code_of(client.runs.GetRun(pb.RunRef(run_id=run)))
     assert got == grpc.StatusCode.INTERNAL and "RuntimeError" in details
     monkeypatch.undo()

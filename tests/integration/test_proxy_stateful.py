@@ -38,7 +38,7 @@ from proxy_support import (
 )
 
 from brigade import keys
-from brigade.queue import Queue
+from brigade.store import Store
 from brigade.v1 import brigade_pb2 as pb
 from brigade_janitor.janitor import Janitor
 
@@ -74,7 +74,7 @@ class LeaseProtocol(RuleBasedStateMachine):
         self.max_version = 0
 
     def _new_janitor(self) -> Janitor:
-        return Janitor(Queue(self.redis_url), runs=[self.run], janitor_id=new_run_id("janitor"))
+        return Janitor(Store(self.redis_url), runs=[self.run], janitor_id=new_run_id("janitor"))
 
     def teardown(self) -> None:
         try:
@@ -92,7 +92,7 @@ class LeaseProtocol(RuleBasedStateMachine):
             self._close()
 
     def _close(self) -> None:
-        self.bg.call(self.janitor.queue.close())
+        self.bg.call(self.janitor.store.close())
         self.client.close()
         self.r.close()
 
@@ -214,7 +214,7 @@ class LeaseProtocol(RuleBasedStateMachine):
 
     @rule()
     def restart_janitor(self) -> None:
-        self.bg.call(self.janitor.queue.close())
+        self.bg.call(self.janitor.store.close())
         self.janitor = self._new_janitor()
 
     @rule()

@@ -20,9 +20,9 @@ from brigade import adapters, keys
 from brigade.bucket import NotFound, open_bucket, sha256_hex
 from brigade.engine.hf import HFEngine
 from brigade.model import attach_lora, completion_logprobs, load_base
-from brigade.queue import Queue
 from brigade.rollout_format import from_bytes
 from brigade.rpc import ProxyClient
+from brigade.store import Store
 from brigade.v1 import brigade_pb2 as pb
 from brigade_cli.devservers import free_port
 from brigade_proxy.server import start_server
@@ -227,11 +227,11 @@ async def test_revoked_lease_stops_generation(env):
     await wait_for(leased, 60, "a lease")
     await env.publish(spec, 1)
     await env.publish(spec, 2)
-    queue = Queue(env.redis_url)
+    store = Store(env.redis_url)
     try:
-        assert (await queue.revoke_stale(run)).revoked == 1
+        assert (await store.sweeps.revoke_stale(run)).revoked == 1
     finally:
-        await queue.close()
+        await store.close()
     t0 = time.monotonic()
     await wait_for(lambda: asyncio.sleep(0, worker.stats["revoked"] == 1), 10, "the worker to drop the lease")
     assert time.monotonic() - t0 < 5  # the next heartbeat (every lease_seconds / 3) stopped it

@@ -9,7 +9,7 @@ import time
 
 CHECK = (
     "import brigade_proxy.server, brigade_proxy.cli, brigade_janitor.janitor, brigade_janitor.cli, brigade_cli.ctl, "
-    "brigade.queue, brigade_cli.main, brigade_bench.proxy; import sys; "
+    "brigade.store, brigade_cli.main, brigade_bench.proxy; import sys; "
     "bad = sorted(m for m in ('torch', 'transformers', 'peft', 'safetensors', 'numpy') if m in sys.modules); "
     "assert not bad, bad"
 )

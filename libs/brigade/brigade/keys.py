@@ -135,8 +135,13 @@ def metrics_key(run: str, step: int) -> str:
 
 # ---------------------------------------------------------------- batches and seeds
 
+# the one definition of a batch id: acquire.lua cuts batches with it (string.format), so Lua and
+# Python agree on %s / %d
+BATCH_ID_FORMAT = "%s:%d:%d"
+
+
 def batch_id(run: str, epoch: int, index: int) -> str:
-    return f"{run}:{epoch}:{index}"
+    return BATCH_ID_FORMAT % (run, epoch, index)
 
 
 def parse_batch_id(value: str) -> tuple[str, int, int]:

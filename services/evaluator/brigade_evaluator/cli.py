@@ -28,18 +28,18 @@ async def watch(redis_url: str, bucket: str, run: str, log) -> None:
     from redis import Redis
     from rq import Queue as RqQueue
 
-    from brigade.queue import Queue
+    from brigade.store import Store
 
-    queue = Queue(redis_url)
+    store = Store(redis_url, max_connections=4, blocking_connections=1)
     rq_queue = RqQueue(eval_queue(run), connection=Redis.from_url(redis_url))
     try:
-        while not await queue.run_exists(run):
+        while not await store.runs.exists(run):
             log.info("waiting for the run to be created", run=run)
             await asyncio.sleep(2)
-        spec = (await queue.run(run)).spec
+        spec = (await store.runs.get(run)).spec
         # replay from the start: versions published while the evaluator was down get evaluated too;
         # the job id makes a second enqueue of one version a no-op
-        async for event in queue.events(run, from_start=True):
+        async for event in store.views.events(run, from_start=True):
             if event.type != "AdapterPublished":
                 continue
             version = int(event.attrs.get("version", "0"))
@@ -51,7 +51,7 @@ async def watch(redis_url: str, bucket: str, run: str, log) -> None:
                                  job_id=job_id, job_timeout=600, result_ttl=86400, failure_ttl=86400)
                 log.info("evaluation queued", run=run, version=version)
     finally:
-        await queue.close()
+        await store.close()
 
 
 def evaluator(

@@ -3,8 +3,8 @@
 Runs inside an rq worker (see cli.py). The base model stays loaded in the worker process between
 jobs; each job swaps in the version's adapter (sha256-checked), samples `EVAL_GROUP` completions per
 held-out prompt with a seed fixed per version, and scores them with the run's reward functions.
-Results go to the bucket (`evals/v{version:08d}.json`, written once) and to the run's `evals` hash
-in Redis, where `brigade ctl adapters` and `metrics` read them.
+Results go to the bucket (`evals/v{version:08d}.json`, written once) and, through the store's
+views, to Redis, where `brigade ctl adapters` and `metrics` read them.
 """
 
 from __future__ import annotations
@@ -29,21 +29,20 @@ def _engine(run: str, spec):
 
 
 async def _evaluate(run: str, version: int, bucket_url: str, redis_url: str) -> dict:
-    import redis.asyncio as aioredis
-
     from brigade import adapters
     from brigade.bucket import AlreadyExists, open_bucket
     from brigade.datasets import load_prompts
     from brigade.rewards import RewardSet, RqSandbox, reward_queue
+    from brigade.store import NotFound, Store
     from brigade.v1 import brigade_pb2 as pb
 
     started = time.monotonic()
-    r = aioredis.Redis.from_url(redis_url)
+    store = Store(redis_url, max_connections=2, blocking_connections=1, pipelined=False)
     try:
-        spec_bytes = await r.get(keys.RunKeys(run).spec)
-        if not spec_bytes:
-            raise ValueError(f"no run {run!r} in Redis")
-        spec = pb.RunSpec.FromString(spec_bytes)
+        try:
+            spec = (await store.runs.get(run)).spec
+        except NotFound:
+            raise ValueError(f"no run {run!r} in Redis") from None
         engine = _engine(run, spec)
         async with open_bucket(bucket_url) as bucket:
             state = None
@@ -82,10 +81,10 @@ async def _evaluate(run: str, version: int, bucket_url: str, redis_url: str) -> 
                 await bucket.put_new(keys.eval_key(run, version), json.dumps(result, indent=2).encode())
             except AlreadyExists:
                 pass  # a retried job: the first result stands
-        await r.hset(keys.RunKeys(run).evals, str(version), json.dumps(result))
+        await store.views.record_eval(run, version, json.dumps(result))
         return result
     finally:
-        await r.aclose()
+        await store.close()
 
 
 def _mean(values: list) -> float | None:

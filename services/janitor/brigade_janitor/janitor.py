@@ -1,6 +1,6 @@
 """The janitor: requeues leases whose worker went silent, revokes leases too stale to be consumed,
 and drops completed manifests the learner could no longer train on. All of it is Lua in
-`brigade.queue`; this module is the loop around it and the singleton lock.
+`brigade.store` (store.sweeps); this module is the loop around it and the singleton lock.
 
 Exactly one janitor sweeps at a time: it holds `brigade:janitor:lock` (SET NX PX) and renews it
 every loop with a compare-and-renew script. Others wait, and one takes over within
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import redis.exceptions
 import structlog
 
-from brigade.queue import NotFound, Queue, SweepResult
+from brigade.store import NotFound, Store, SweepResult
 
 LOCK_KEY = "brigade:janitor:lock"
 PRUNE_EVERY_S = 60.0  # idle group consumers are forgotten at most this often per run
@@ -35,7 +35,7 @@ def default_janitor_id() -> str:
 class Janitor:
     def __init__(
         self,
-        queue: Queue,
+        store: Store,
         *,
         interval: float = 1.0,
         lock_ttl_ms: int = 5_000,
@@ -44,7 +44,8 @@ class Janitor:
     ):
         if lock_ttl_ms <= interval * 1000:
             raise ValueError(f"lock_ttl_ms ({lock_ttl_ms}) must exceed the interval ({interval}s) or the lock lapses")
-        self.queue = queue
+        self.store = store
+        self.sweeps = store.sweeps
         self.interval = interval
         self.lock_ttl_ms = lock_ttl_ms
         self.id = janitor_id or default_janitor_id()
@@ -59,16 +60,16 @@ class Janitor:
     async def hold_lock(self) -> bool:
         """Renew the lock if we hold it, else try to take it. True while we are the janitor."""
         if self.holding:
-            if await self.queue.lock_renew(LOCK_KEY, self.id, self.lock_ttl_ms):
+            if await self.sweeps.lock_renew(LOCK_KEY, self.id, self.lock_ttl_ms):
                 return True
             self.holding = False
             log.warning("janitor lock lost", janitor=self.id)
-        if await self.queue.lock_acquire(LOCK_KEY, self.id, self.lock_ttl_ms):
+        if await self.sweeps.lock_acquire(LOCK_KEY, self.id, self.lock_ttl_ms):
             self.holding = True
             self._last_holder = self.id
             log.info("janitor lock acquired; sweeping", janitor=self.id)
             return True
-        holder = await self.queue.lock_holder(LOCK_KEY)
+        holder = await self.sweeps.lock_holder(LOCK_KEY)
         if holder != self._last_holder:
             self._last_holder = holder
             log.info("janitor waiting: another janitor holds the lock", janitor=self.id, holder=holder or None)
@@ -77,17 +78,17 @@ class Janitor:
     async def release(self) -> None:
         if self.holding:
             self.holding = False
-            await self.queue.lock_release(LOCK_KEY, self.id)
+            await self.sweeps.lock_release(LOCK_KEY, self.id)
             log.info("janitor lock released", janitor=self.id)
 
     # -------------------------------------------------------------- sweeping
 
     async def sweep_run(self, run: str) -> SweepResult:
-        result = await self.queue.sweep(run)
+        result = await self.sweeps.sweep(run)
         now = time.monotonic()
         if now - self._pruned.get(run, 0.0) > PRUNE_EVERY_S:
             self._pruned[run] = now
-            pruned = await self.queue.prune_consumers(run)
+            pruned = await self.sweeps.prune_consumers(run)
             if pruned:
                 log.info("forgot idle consumers", run=run, consumers=pruned)
         if result.expired or result.revoked or result.stale_removed or result.deadlettered:
@@ -101,7 +102,7 @@ class Janitor:
         return result
 
     async def sweep_all(self) -> dict[str, SweepResult]:
-        runs = self.runs if self.runs is not None else await self.queue.run_ids()
+        runs = self.runs if self.runs is not None else await self.store.runs.ids()
         out: dict[str, SweepResult] = {}
         for run in runs:
             try:
@@ -113,7 +114,7 @@ class Janitor:
             except Exception as e:  # noqa: BLE001 - one broken run must not stop the others
                 log.error("sweep failed", run=run, error=repr(e), exc_info=e)
             # a long sweep over many runs must not let the lock lapse under us
-            if self.holding and not await self.queue.lock_renew(LOCK_KEY, self.id, self.lock_ttl_ms):
+            if self.holding and not await self.sweeps.lock_renew(LOCK_KEY, self.id, self.lock_ttl_ms):
                 self.holding = False
                 log.warning("janitor lock lost during a sweep", janitor=self.id)
                 break
@@ -130,7 +131,7 @@ class Janitor:
         """Loop until `stop` is set (or the task is cancelled); release the lock on the way out."""
         stop = stop or asyncio.Event()
         log.info("janitor started", janitor=self.id, interval_s=self.interval, lock_ttl_ms=self.lock_ttl_ms,
-                 redis=self.queue.redis_url)
+                 redis=self.store.redis_url)
         redis_down = False
         try:
             while not stop.is_set():
@@ -163,8 +164,8 @@ async def run_janitor(redis_url: str, *, interval: float = 1.0, lock_ttl_ms: int
     """The service: a Janitor until SIGTERM / SIGINT."""
     import signal
 
-    queue = Queue(redis_url, max_connections=8, blocking_connections=1)
-    janitor = Janitor(queue, interval=interval, lock_ttl_ms=lock_ttl_ms, janitor_id=janitor_id)
+    store = Store(redis_url, max_connections=8, blocking_connections=1)
+    janitor = Janitor(store, interval=interval, lock_ttl_ms=lock_ttl_ms, janitor_id=janitor_id)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -172,4 +173,4 @@ async def run_janitor(redis_url: str, *, interval: float = 1.0, lock_ttl_ms: int
     try:
         await janitor.run(stop)
     finally:
-        await queue.close()
+        await store.close()

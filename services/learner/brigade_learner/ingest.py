@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 import structlog
 import torch
 
-from brigade import keys
 from brigade.bucket import Bucket, BucketError, CorruptObject, NotFound
 from brigade.rollout_format import InvalidRollout, Rollout, from_bytes
+from brigade.store.checks import check_rollout_manifest
+from brigade.store.errors import InvalidArgument
 from brigade.v1 import brigade_pb2 as pb
 
 log = structlog.get_logger()
@@ -66,20 +67,14 @@ class Accepted:
         return self.manifest.batch_id
 
 
-def check_manifest(m: pb.RolloutManifest, run: str) -> None:
-    """The manifest alone: it must belong to this run and point exactly where its rollout lives.
-    A uri anywhere else (another run's prefix, an adapter, a checkpoint) is never read."""
-    if m.run_id != run:
-        raise Rejected(FOREIGN_URI, f"manifest of run {m.run_id!r} delivered to run {run!r}")
+def check_manifest(run: str, m: pb.RolloutManifest) -> None:
+    """The manifest alone: it must belong to this run and point exactly where its rollout lives
+    (the proxy's own check, again). A uri anywhere else (another run's prefix, an adapter, a
+    checkpoint) is never read."""
     try:
-        batch_run, _, _ = keys.parse_batch_id(m.batch_id)
-    except ValueError as e:
+        check_rollout_manifest(run, m)
+    except InvalidArgument as e:
         raise Rejected(FOREIGN_URI, str(e)) from None
-    if batch_run != run:
-        raise Rejected(FOREIGN_URI, f"batch {m.batch_id!r} belongs to run {batch_run!r}")
-    expected = keys.rollout_key(run, m.batch_id, m.attempt)
-    if m.uri != expected:
-        raise Rejected(FOREIGN_URI, f"uri {m.uri[:200]!r} is not {expected!r}")
 
 
 def check_rollout(r: Rollout, m: pb.RolloutManifest) -> None:
@@ -116,7 +111,7 @@ def drop_nonfinite(r: Rollout) -> tuple[Rollout, Counter]:
 async def fetch(bucket: Bucket, pulled: pb.PulledRollout, run: str, vocab_size: int) -> Accepted:
     """The learner's whole data path for one manifest; raises Rejected with the reason."""
     m = pulled.manifest
-    check_manifest(m, run)
+    check_manifest(run, m)
     try:
         data = await bucket.get(m.uri, sha256=m.sha256)
     except CorruptObject as e:

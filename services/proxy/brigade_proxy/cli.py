@@ -13,6 +13,9 @@ from brigade.options import DEFAULTS, BucketUrl, Listen, LogLevel, RedisUrl, Tok
 TlsCert = Annotated[str, typer.Option("--tls-cert", envvar="BRIGADE_TLS_CERT", help="Server certificate (PEM); TLS when set.")]
 TlsKey = Annotated[str, typer.Option("--tls-key", envvar="BRIGADE_TLS_KEY", help="Server private key (PEM).")]
 Grace = Annotated[float, typer.Option("--grace", help="Seconds to drain in-flight calls on SIGTERM.")]
+Pipelined = Annotated[bool, typer.Option("--pipelined/--no-pipelined",
+                                         help="Run the lease scripts over brigade's pipelining Redis client "
+                                              "(--no-pipelined: plain redis-py, as `brigade bench proxy` compares).")]
 
 
 def proxy(
@@ -24,6 +27,7 @@ def proxy(
     tls_key: TlsKey = "",
     log_level: LogLevel = DEFAULTS.log_level,
     grace: Grace = 5.0,
+    pipelined: Pipelined = True,
 ) -> None:
     """The lease proxy: hands out prompt batches, takes rollout manifests, feeds the learner.
 
@@ -42,7 +46,7 @@ def proxy(
 
     try:
         asyncio.run(serve(listen, redis_url, bucket_url=bucket, token=token, tls_cert=tls_cert, tls_key=tls_key,
-                          grace=grace))
+                          grace=grace, pipelined=pipelined))
     except (RuntimeError, ValueError, OSError) as e:  # the address is taken, a bad bucket URL, unreadable TLS files
         typer.echo(f"brigade proxy: {e}", err=True)
         raise typer.Exit(1) from None

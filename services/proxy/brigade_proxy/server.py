@@ -1,7 +1,7 @@
 """The lease proxy: LeaseService, LearnerService and RunService over grpc.aio, thin over
-`brigade.queue` (all state lives in Redis, so any number of replicas may serve one run).
+`brigade.store` (all state lives in Redis, so any number of replicas may serve one run).
 
-Every handler validates its request, calls one queue operation and maps refusals to status codes;
+Every handler calls one store operation (which checks the request) and maps refusals to status codes;
 anything unexpected becomes INTERNAL (logged with its traceback) and the server keeps serving.
 Health checking and reflection are registered so `grpcurl` and load balancers work; they stay open
 when a bearer token is required.
@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-import math
 import signal
 import time
 from collections.abc import AsyncIterator, Callable
@@ -27,18 +26,11 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from brigade import keys
-from brigade.queue import (
-    MAX_ID_CHARS,
-    AlreadyExists,
-    InvalidArgument,
-    NotFound,
-    Queue,
-    QueueError,
-    check_id,
-    check_stream_id,
-)
+from brigade.bucket import BucketError
 from brigade.rpc import CHANNEL_OPTIONS, BearerAuthInterceptor, server_credentials
 from brigade.spec import fill_defaults
+from brigade.store import AlreadyExists, InvalidArgument, NotFound, Store, StoreError
+from brigade.store.checks import check_manifest_worker, check_run_spec
 from brigade.v1 import brigade_pb2 as pb
 from brigade.v1 import brigade_pb2_grpc as pbg
 
@@ -54,13 +46,13 @@ SERVICE_NAMES = (
 # ---------------------------------------------------------------- error mapping
 
 def _status(e: Exception) -> tuple[grpc.StatusCode, str]:
-    if isinstance(e, QueueError):
+    if isinstance(e, StoreError):
         return grpc.StatusCode[e.code], str(e)
     if isinstance(e, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
         return grpc.StatusCode.UNAVAILABLE, f"the proxy cannot reach Redis: {e}"
     if isinstance(e, redis.exceptions.BusyLoadingError):
         return grpc.StatusCode.UNAVAILABLE, "Redis is loading its data; retry shortly"
-    if type(e).__module__.startswith("brigade.bucket"):
+    if isinstance(e, BucketError):
         return grpc.StatusCode.UNAVAILABLE, f"bucket error: {e}"
     return grpc.StatusCode.INTERNAL, f"internal error in the proxy ({type(e).__name__}); see the proxy log"
 
@@ -105,7 +97,7 @@ def add_servicer(server: grpc.aio.Server, service: str, servicer: Any) -> None:
 
 
 def rpc(fn: Callable) -> Callable:
-    """Unary handler: QueueError -> its status, Redis down -> UNAVAILABLE, anything else -> INTERNAL."""
+    """Unary handler: StoreError -> its status, Redis down -> UNAVAILABLE, anything else -> INTERNAL."""
 
     @functools.wraps(fn)
     async def handler(self, request, context: grpc.aio.ServicerContext):
@@ -143,23 +135,13 @@ def rpc_stream(fn: Callable) -> Callable:
     return handler
 
 
-def check_run(run: str) -> str:
-    return check_id("run_id", run)
-
-
-def _check_short(name: str, value: str) -> str:
-    if len(value) > MAX_ID_CHARS:
-        raise InvalidArgument(f"{name} is {len(value)} characters long; the limit is {MAX_ID_CHARS}")
-    return value
-
-
 # ---------------------------------------------------------------- the proxy
 
 class Proxy:
-    """What the three servicers share: the queue and (optionally) the bucket."""
+    """What the three servicers share: the store and (optionally) the bucket."""
 
-    def __init__(self, queue: Queue, bucket: Any = None, bucket_url: str = "", owns_bucket: bool = True):
-        self.queue = queue
+    def __init__(self, store: Store, bucket: Any = None, bucket_url: str = "", owns_bucket: bool = True):
+        self.store = store
         self.bucket = bucket
         self.bucket_url = bucket_url
         self.owns_bucket = owns_bucket
@@ -198,7 +180,7 @@ class Proxy:
                                         f"this id?); pick a new run_id") from None
 
     async def close(self) -> None:
-        await self.queue.close()
+        await self.store.close()
         if self.bucket is not None and self.owns_bucket:
             await self.bucket.close()
 
@@ -206,35 +188,17 @@ class Proxy:
 class LeaseServicer(pbg.LeaseServiceServicer):
     def __init__(self, proxy: Proxy):
         self.proxy = proxy
-        self.queue = proxy.queue
+        self.leases = proxy.store.leases
 
     @rpc
     async def AcquireLease(self, request: pb.AcquireLeaseRequest, context) -> pb.AcquireLeaseResponse:
-        run = check_run(request.run_id)
-        worker = check_id("worker_id", request.worker_id)
-        _check_short("capacity_class", request.capacity_class)
-        _check_short("engine", request.engine)
-        if not math.isfinite(request.price_per_hour) or request.price_per_hour < 0:
-            raise InvalidArgument("price_per_hour must be a finite number >= 0")
-        info = pb.WorkerInfo(worker_id=worker, capacity_class=request.capacity_class,
+        info = pb.WorkerInfo(worker_id=request.worker_id, capacity_class=request.capacity_class,
                              price_per_hour=request.price_per_hour, engine=request.engine)
-        g = await self.queue.acquire(run, worker, info.SerializeToString())
-        if not g.granted:
-            return pb.AcquireLeaseResponse(granted=False, reason=g.reason, retry_after_ms=g.retry_after_ms)
-        ri = await self.queue.run(run)
-        lease = pb.Lease(
-            lease_id=g.lease_id, run_id=run, batch=ri.batch(g.batch_id), adapter_version=g.version,
-            adapter_uri=self.proxy.adapter_uri(run, g.version), seed=keys.batch_seed(run, g.batch_id, g.attempt),
-            attempt=g.attempt, deadline_ms=g.deadline_ms, lease_seconds=ri.lease_ms // 1000,
-        )
-        return pb.AcquireLeaseResponse(granted=True, lease=lease)
+        return await self.leases.acquire(request.run_id, request.worker_id, info, adapter_uri=self.proxy.adapter_uri)
 
     @rpc
     async def Heartbeat(self, request: pb.HeartbeatRequest, context) -> pb.HeartbeatResponse:
-        run = check_run(request.run_id)
-        lease_id = check_stream_id("lease_id", request.lease_id)
-        worker = check_id("worker_id", request.worker_id)
-        b = await self.queue.heartbeat(run, lease_id, worker)
+        b = await self.leases.heartbeat(request.run_id, request.lease_id, request.worker_id)
         status = {"ok": pb.HeartbeatResponse.OK, "lost": pb.HeartbeatResponse.LOST,
                   "revoked": pb.HeartbeatResponse.REVOKED}[b.status]
         return pb.HeartbeatResponse(status=status, deadline_ms=b.deadline_ms,
@@ -242,41 +206,30 @@ class LeaseServicer(pbg.LeaseServiceServicer):
 
     @rpc
     async def CompleteLease(self, request: pb.CompleteLeaseRequest, context) -> pb.CompleteLeaseResponse:
-        run = check_run(request.run_id)
-        lease_id = check_stream_id("lease_id", request.lease_id)
-        worker = check_id("worker_id", request.worker_id)
-        if not request.HasField("manifest"):
-            raise InvalidArgument("manifest is required")
-        if request.manifest.worker_id and request.manifest.worker_id != worker:
-            raise InvalidArgument("manifest worker_id does not match the request's worker_id")
-        c = await self.queue.complete(run, lease_id, worker, request.manifest)
+        manifest = request.manifest if request.HasField("manifest") else None
+        check_manifest_worker(request.worker_id, manifest)
+        c = await self.leases.complete(request.run_id, request.lease_id, request.worker_id, manifest)
         return pb.CompleteLeaseResponse(duplicate=c.duplicate)
 
     @rpc
     async def FailLease(self, request: pb.FailLeaseRequest, context) -> pb.FailLeaseResponse:
-        run = check_run(request.run_id)
-        lease_id = check_stream_id("lease_id", request.lease_id)
-        worker = check_id("worker_id", request.worker_id)
-        if request.reason not in (pb.FailLeaseRequest.ERROR, pb.FailLeaseRequest.PREEMPTED):
-            raise InvalidArgument("reason must be ERROR or PREEMPTED")
-        f = await self.queue.fail(run, lease_id, worker, preempted=request.reason == pb.FailLeaseRequest.PREEMPTED,
-                                  message=request.message[:1000])
+        f = await self.leases.fail(request.run_id, request.lease_id, request.worker_id, request.reason,
+                                   request.message)
         return pb.FailLeaseResponse(requeued=f.requeued, deadlettered=f.deadlettered, next_attempt=f.next_attempt)
 
 
 class LearnerServicer(pbg.LearnerServiceServicer):
     def __init__(self, proxy: Proxy):
-        self.queue = proxy.queue
+        self.learner = proxy.store.learner
 
     @rpc
     async def PullRollouts(self, request: pb.PullRolloutsRequest, context) -> pb.PullRolloutsResponse:
-        run = check_run(request.run_id)
-        learner = check_id("learner_id", request.learner_id)
         wait_ms = request.wait_ms
         remaining = context.time_remaining()
         if remaining is not None:  # answer (empty) before the caller's deadline, not after it
             wait_ms = min(wait_ms, max(0, int(remaining * 1000) - 200))
-        pulled = await self.queue.pull(run, learner, request.max_manifests, wait_ms, request.include_pending)
+        pulled = await self.learner.pull(request.run_id, request.learner_id, request.max_manifests, wait_ms,
+                                         request.include_pending)
         return pb.PullRolloutsResponse(
             rollouts=[pb.PulledRollout(delivery_id=d, manifest=m) for d, m in pulled.rollouts],
             latest_adapter_version=pulled.latest_version,
@@ -284,86 +237,77 @@ class LearnerServicer(pbg.LearnerServiceServicer):
 
     @rpc
     async def AckRollouts(self, request: pb.AckRolloutsRequest, context) -> pb.AckRolloutsResponse:
-        run = check_run(request.run_id)
-        _check_short("learner_id", request.learner_id)
-        if len(request.metrics_json) > 1_000_000:
-            raise InvalidArgument("metrics_json is larger than 1 MB")
-        acked = await self.queue.ack(run, request.learner_id, list(request.delivery_ids),
-                                     list(request.consumed_batch_ids), list(request.rejected_batch_ids),
-                                     request.step, request.metrics_json)
+        acked = await self.learner.ack(request.run_id, request.learner_id, list(request.delivery_ids),
+                                       list(request.consumed_batch_ids), list(request.rejected_batch_ids),
+                                       request.step, request.metrics_json)
         return pb.AckRolloutsResponse(acked=acked)
 
     @rpc
     async def PublishAdapter(self, request: pb.PublishAdapterRequest, context) -> pb.PublishAdapterResponse:
-        run = check_run(request.run_id)
-        if not request.HasField("manifest"):
-            raise InvalidArgument("manifest is required")
-        latest = await self.queue.publish(run, request.manifest)
-        log.info("adapter published", run=run, version=request.manifest.version, latest=latest)
+        manifest = request.manifest if request.HasField("manifest") else None
+        latest = await self.learner.publish(request.run_id, manifest)
+        log.info("adapter published", run=request.run_id, version=request.manifest.version, latest=latest)
         return pb.PublishAdapterResponse(latest_version=latest)
 
 
 class RunServicer(pbg.RunServiceServicer):
     def __init__(self, proxy: Proxy):
         self.proxy = proxy
-        self.queue = proxy.queue
+        self.store = proxy.store
 
     @rpc
     async def CreateRun(self, request: pb.CreateRunRequest, context) -> pb.CreateRunResponse:
         if not request.HasField("spec"):
             raise InvalidArgument("spec is required")
         spec, prompts = fill_defaults(request.spec), list(request.prompts)  # unset fields: the declared defaults
-        self.queue.validate_run(spec, prompts)
+        check_run_spec(spec, prompts)
         run = spec.run_id
-        if not await self.queue.run_exists(run):
+        if not await self.store.runs.exists(run):
             bundle = pb.PromptBatch(run_id=run, prompts=prompts)
             await self.proxy.store_run(run, spec.SerializeToString(deterministic=True),
                                        bundle.SerializeToString(deterministic=True))
-        created = await self.queue.create_run(spec, prompts, exist_ok=request.exist_ok)
+        created = await self.store.runs.create(spec, prompts, exist_ok=request.exist_ok)
         log.info("run created" if created else "run exists", run=run, prompts=len(prompts))
         return pb.CreateRunResponse(run_id=run, created=created)
 
     @rpc
     async def GetRun(self, request: pb.RunRef, context) -> pb.RunState:
-        return await self.queue.run_state(check_run(request.run_id))
+        return await self.store.views.run_state(request.run_id)
 
     @rpc
     async def ListRuns(self, request: pb.ListRunsRequest, context) -> pb.ListRunsResponse:
         states = []
-        for run in await self.queue.run_ids():
+        for run in await self.store.runs.ids():
             try:
-                states.append(await self.queue.run_state(run))
+                states.append(await self.store.views.run_state(run))
             except NotFound:  # listed but half-created or removed: skip it
                 continue
         return pb.ListRunsResponse(runs=states)
 
     @rpc_stream
     async def WatchRun(self, request: pb.WatchRunRequest, context) -> AsyncIterator[pb.Event]:
-        run = check_run(request.run_id)
-        if request.after_id:
-            check_stream_id("after_id", request.after_id)
-        async for event in self.queue.events(run, request.after_id, request.from_start):
+        async for event in self.store.views.events(request.run_id, request.after_id, request.from_start):
             yield event
 
     @rpc
     async def ListLeases(self, request: pb.RunRef, context) -> pb.ListLeasesResponse:
-        return pb.ListLeasesResponse(leases=await self.queue.list_leases(check_run(request.run_id)))
+        return pb.ListLeasesResponse(leases=await self.store.views.list_leases(request.run_id))
 
     @rpc
     async def ListWorkers(self, request: pb.RunRef, context) -> pb.ListWorkersResponse:
-        return pb.ListWorkersResponse(workers=await self.queue.list_workers(check_run(request.run_id)))
+        return pb.ListWorkersResponse(workers=await self.store.views.list_workers(request.run_id))
 
     @rpc
     async def ListAdapters(self, request: pb.RunRef, context) -> pb.ListAdaptersResponse:
-        return pb.ListAdaptersResponse(adapters=await self.queue.list_adapters(check_run(request.run_id)))
+        return pb.ListAdaptersResponse(adapters=await self.store.views.list_adapters(request.run_id))
 
     @rpc
     async def GetMetrics(self, request: pb.GetMetricsRequest, context) -> pb.GetMetricsResponse:
-        return pb.GetMetricsResponse(steps=await self.queue.metrics(check_run(request.run_id), request.last))
+        return pb.GetMetricsResponse(steps=await self.store.views.metrics(request.run_id, request.last))
 
     @rpc
     async def ListDeadLetters(self, request: pb.RunRef, context) -> pb.ListDeadLettersResponse:
-        return pb.ListDeadLettersResponse(dead_letters=await self.queue.dead_letters(check_run(request.run_id)))
+        return pb.ListDeadLettersResponse(dead_letters=await self.store.views.dead_letters(request.run_id))
 
 
 # ---------------------------------------------------------------- server lifecycle
@@ -403,13 +347,13 @@ class ProxyServer:
         await self.proxy.close()
 
 
-async def _watch_redis(queue: Queue, health: Any, period: float = 2.0) -> None:
+async def _watch_redis(store: Store, health: Any, period: float = 2.0) -> None:
     """Health follows Redis: NOT_SERVING while it cannot be reached."""
     serving = True
     while True:
         await asyncio.sleep(period)
         try:
-            ok = await asyncio.wait_for(queue.ping(), timeout=period)
+            ok = await asyncio.wait_for(store.ping(), timeout=period)
         except Exception:  # noqa: BLE001
             ok = False
         if ok != serving:
@@ -417,7 +361,7 @@ async def _watch_redis(queue: Queue, health: Any, period: float = 2.0) -> None:
             status = health_pb2.HealthCheckResponse.SERVING if ok else health_pb2.HealthCheckResponse.NOT_SERVING
             for name in ("", *SERVICE_NAMES):
                 await health.set(name, status)
-            (log.info if ok else log.error)("redis reachable" if ok else "redis unreachable", redis=queue.redis_url)
+            (log.info if ok else log.error)("redis reachable" if ok else "redis unreachable", redis=store.redis_url)
 
 
 async def start_server(
@@ -430,13 +374,14 @@ async def start_server(
     tls_cert: str = "",
     tls_key: str = "",
     monitor_redis: bool = True,
+    pipelined: bool = True,
 ) -> ProxyServer:
     """Build and start a proxy on `listen` (port 0 = any free port). Returns once it accepts calls."""
-    queue = Queue(redis_url)
+    store = Store(redis_url, pipelined=pipelined)
     owns_bucket = bucket is None
     if bucket is None and bucket_url:
         bucket = await open_bucket_or_none(bucket_url)
-    proxy = Proxy(queue, bucket, bucket_url, owns_bucket=owns_bucket)
+    proxy = Proxy(store, bucket, bucket_url, owns_bucket=owns_bucket)
     interceptors = [BearerAuthInterceptor(token)] if token else []
     server = grpc.aio.server(interceptors=interceptors, options=[*CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)])
     add_servicer(server, "LeaseService", LeaseServicer(proxy))
@@ -457,7 +402,7 @@ async def start_server(
     if not port:
         raise RuntimeError(f"cannot listen on {listen}")
     await server.start()
-    monitor = asyncio.create_task(_watch_redis(queue, health)) if monitor_redis else None
+    monitor = asyncio.create_task(_watch_redis(store, health)) if monitor_redis else None
     return ProxyServer(server, port, proxy, health, monitor)
 
 
@@ -470,13 +415,14 @@ async def serve(
     tls_cert: str = "",
     tls_key: str = "",
     grace: float = 5.0,
+    pipelined: bool = True,
 ) -> None:
     """Run a proxy until SIGTERM or SIGINT, then drain in-flight calls for up to `grace` seconds."""
     started = time.monotonic()
     running = await start_server(redis_url, listen, bucket_url=bucket_url, token=token,
-                                 tls_cert=tls_cert, tls_key=tls_key)
+                                 tls_cert=tls_cert, tls_key=tls_key, pipelined=pipelined)
     try:
-        await running.proxy.queue.ping()
+        await running.proxy.store.ping()
         redis_ok = True
     except Exception as e:  # noqa: BLE001
         redis_ok = False

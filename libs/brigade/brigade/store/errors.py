@@ -1,0 +1,34 @@
+"""The refusals of the store, each named after the gRPC status the proxy answers with."""
+
+from __future__ import annotations
+
+
+class StoreError(Exception):
+    """A request the store refuses; `code` names the gRPC status the proxy answers with."""
+
+    code = "INTERNAL"
+
+
+class InvalidArgument(StoreError):
+    code = "INVALID_ARGUMENT"
+
+
+class NotFound(StoreError):
+    code = "NOT_FOUND"
+
+
+class FailedPrecondition(StoreError):
+    code = "FAILED_PRECONDITION"
+
+
+class AlreadyExists(StoreError):
+    code = "ALREADY_EXISTS"
+
+
+# the `kind` of a script's {'err', kind, message} reply
+BY_KIND = {
+    "invalid": InvalidArgument,
+    "not_found": NotFound,
+    "failed_precondition": FailedPrecondition,
+    "exists": AlreadyExists,
+}

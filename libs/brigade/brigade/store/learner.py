@@ -1,0 +1,93 @@
+"""What the learner does: pull completed manifests, ack what a checkpoint covers, publish adapters."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+
+from brigade import keys
+from brigade.store.checks import (
+    check_ack_ids,
+    check_adapter_manifest,
+    check_id,
+    check_metrics_json,
+    check_short,
+    require_manifest,
+)
+from brigade.store.runs import Runs
+from brigade.store.scripts import Scripts, number, text
+from brigade.v1 import brigade_pb2 as pb
+
+MAX_BLOCK_MS = 30_000         # long polls (PullRollouts, WatchRun) block at most this long per call
+MAX_PULL = 1_000
+
+
+@dataclass
+class Pulled:
+    rollouts: list[tuple[str, pb.RolloutManifest]]
+    latest_version: int
+
+
+class Learner:
+    """`blocking` (a separate pool) serves the long polls, so waiting learners never starve leases."""
+
+    def __init__(self, redis: aioredis.Redis, blocking: aioredis.Redis, runs: Runs, scripts: Scripts):
+        self.redis = redis
+        self.blocking = blocking
+        self.runs = runs
+        self.scripts = scripts
+
+    async def pull(self, run: str, learner: str, max_manifests: int, wait_ms: int = 0,
+                   include_pending: bool = False) -> Pulled:
+        check_id("run_id", run)
+        check_id("learner_id", learner)
+        k = (await self.runs.get(run)).keys
+        count = max(1, min(max_manifests or 1, MAX_PULL))
+        out: list[tuple[str, pb.RolloutManifest]] = []
+        if include_pending:
+            res = await self.redis.xreadgroup(keys.LEARNER_GROUP, learner, {k.rollouts: "0"}, count=count)
+            out = await self._decode_rollouts(k, res)
+        if not out:
+            wait = max(0, min(wait_ms, MAX_BLOCK_MS))
+            client = self.blocking if wait else self.redis
+            res = await client.xreadgroup(keys.LEARNER_GROUP, learner, {k.rollouts: ">"}, count=count,
+                                          block=wait or None)
+            out = await self._decode_rollouts(k, res)
+        latest = number(await self.redis.get(k.adapter_latest))
+        return Pulled(out, latest)
+
+    async def _decode_rollouts(self, k: keys.RunKeys, res) -> list[tuple[str, pb.RolloutManifest]]:
+        out, gone = [], []
+        for _stream, entries in res or []:
+            for entry_id, fields in entries:
+                if not fields or b"m" not in fields:  # deleted after delivery (stale removal)
+                    gone.append(entry_id)
+                    continue
+                out.append((text(entry_id), pb.RolloutManifest.FromString(fields[b"m"])))
+        if gone:
+            await self.redis.xack(k.rollouts, keys.LEARNER_GROUP, *gone)
+        return out
+
+    async def ack(self, run: str, learner: str, delivery_ids: Sequence[str], consumed: Sequence[str],
+                  rejected: Sequence[str], step: int, metrics_json: str = "") -> int:
+        check_id("run_id", run)
+        check_short("learner_id", learner)
+        check_metrics_json(metrics_json)
+        k = (await self.runs.get(run)).keys
+        check_ack_ids(run, delivery_ids, consumed, rejected)
+        acked, _consumed, _rejected = await self.scripts.ack(
+            k, step=step, metrics_json=metrics_json, n_deliveries=len(delivery_ids), n_consumed=len(consumed),
+            learner=learner, ids=[*delivery_ids, *consumed, *rejected])
+        return int(acked)
+
+    async def publish(self, run: str, manifest: pb.AdapterManifest | None) -> int:
+        check_id("run_id", run)
+        require_manifest(manifest)
+        k = (await self.runs.get(run)).keys
+        check_adapter_manifest(run, manifest)
+        (latest,) = await self.scripts.publish(
+            k, version=manifest.version, manifest=manifest.SerializeToString(deterministic=True), uri=manifest.uri,
+            step=manifest.step)
+        return int(latest)

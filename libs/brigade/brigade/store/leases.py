@@ -1,0 +1,118 @@
+"""What a rollout worker does with a lease: acquire, heartbeat, complete, fail."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from brigade import keys
+from brigade.store.checks import (
+    check_fail_reason,
+    check_id,
+    check_lease_ref,
+    check_rollout_manifest,
+    check_worker_info,
+    require_manifest,
+)
+from brigade.store.runs import RunInfo, Runs
+from brigade.store.scripts import Scripts, text
+from brigade.v1 import brigade_pb2 as pb
+
+
+@dataclass
+class Beat:
+    status: str               # ok | lost | revoked
+    message: str = ""
+    deadline_ms: int = 0
+    latest_version: int = 0
+
+
+@dataclass
+class Completion:
+    duplicate: bool
+    delivery_id: str = ""
+
+
+@dataclass
+class Failure:
+    requeued: bool
+    deadlettered: bool
+    next_attempt: int = 0
+
+
+def bare_adapter_uri(run: str, version: int) -> str:
+    """The adapter folder's key, for a store that knows no bucket."""
+    return keys.adapter_prefix(run, version)
+
+
+def _retry_after_ms(reason: str, over: int, info: RunInfo) -> int:
+    if reason == "finished":
+        return 5_000
+    if reason == "sync_barrier":
+        return 250 + random.randint(0, 250)
+    # admission: back off longer the further over capacity we are
+    return min(1_000, int(200 * max(1.0, over / max(1, info.capacity)))) + random.randint(0, 200)
+
+
+class Leases:
+    def __init__(self, runs: Runs, scripts: Scripts):
+        self.runs = runs
+        self.scripts = scripts
+
+    async def acquire(self, run: str, worker: str, info: pb.WorkerInfo | None = None, *,
+                      adapter_uri: Callable[[str, int], str] = bare_adapter_uri) -> pb.AcquireLeaseResponse:
+        """A lease on the next batch, ready to send: its prompts, seed, adapter and deadline.
+        `adapter_uri(run, version)` says where the adapter folder lives (the proxy knows the bucket)."""
+        check_id("run_id", run)
+        check_id("worker_id", worker)
+        info = info or pb.WorkerInfo()
+        check_worker_info(info)
+        ri = await self.runs.get(run)
+        spec = ri.spec
+        outcome, *values = await self.scripts.acquire(
+            ri.keys, worker=worker, lease_prefix=ri.lease_prefix, lease_ms=ri.lease_ms,
+            batches_per_epoch=ri.batches_per_epoch, total_batches=ri.total_batches, capacity=ri.capacity,
+            batches_per_step=max(1, spec.batches_per_step), sync=int(spec.sync), max_steps=spec.max_steps, run=run,
+            worker_info=info.SerializeToString(), lease_ttl_ms=ri.lease_ttl_ms)
+        reason = text(outcome)
+        if reason != "granted":
+            return pb.AcquireLeaseResponse(granted=False, reason=reason,
+                                           retry_after_ms=_retry_after_ms(reason, int(values[0]), ri))
+        lease_id, batch_id = text(values[0]), text(values[1])
+        attempt, version, deadline_ms = int(values[2]), int(values[3]), int(values[4])
+        return pb.AcquireLeaseResponse(granted=True, lease=pb.Lease(
+            lease_id=lease_id, run_id=run, batch=ri.batch(batch_id), adapter_version=version,
+            adapter_uri=adapter_uri(run, version), seed=keys.batch_seed(run, batch_id, attempt),
+            attempt=attempt, deadline_ms=deadline_ms, lease_seconds=ri.lease_ms // 1000))
+
+    async def heartbeat(self, run: str, lease_id: str, worker: str) -> Beat:
+        check_lease_ref(run, lease_id, worker)
+        ri = await self.runs.get(run)
+        status, message, deadline, latest = await self.scripts.heartbeat(
+            ri.keys, lease=ri.keys.lease(lease_id), lease_id=lease_id, worker=worker, lease_ms=ri.lease_ms,
+            lease_ttl_ms=ri.lease_ttl_ms)
+        return Beat(text(status), text(message), int(deadline), int(latest))
+
+    async def complete(self, run: str, lease_id: str, worker: str, manifest: pb.RolloutManifest | None) -> Completion:
+        check_lease_ref(run, lease_id, worker)
+        require_manifest(manifest)
+        ri = await self.runs.get(run)
+        check_rollout_manifest(run, manifest)
+        outcome, *values = await self.scripts.complete(
+            ri.keys, lease=ri.keys.lease(lease_id), lease_id=lease_id, worker=worker, batch=manifest.batch_id,
+            attempt=manifest.attempt, policy_version=manifest.policy_version, manifest=manifest.SerializeToString())
+        if text(outcome) == "duplicate":
+            return Completion(True)
+        return Completion(False, text(values[0]))
+
+    async def fail(self, run: str, lease_id: str, worker: str, reason: int, message: str = "") -> Failure:
+        """`reason`: FailLeaseRequest.ERROR (counts toward max_attempts) or PREEMPTED (does not)."""
+        check_lease_ref(run, lease_id, worker)
+        preempted = check_fail_reason(reason)
+        ri = await self.runs.get(run)
+        kind = "preempted" if preempted else "error"
+        (nxt,) = await self.scripts.fail(
+            ri.keys, lease=ri.keys.lease(lease_id), lease_id=lease_id, worker=worker, counted=0 if preempted else 1,
+            max_attempts=ri.max_attempts, reason=kind + (f": {message[:500]}" if message else ""), kind=kind)
+        return Failure(requeued=int(nxt) > 0, deadlettered=int(nxt) == 0, next_attempt=int(nxt))

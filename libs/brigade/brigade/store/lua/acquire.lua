@@ -1,0 +1,57 @@
+-- Grant a lease: work that came back first, else cut the next batch (admission and the sync
+-- barrier permitting).
+-- KEYS: work rollouts cursor adapter_latest learner_step workers events
+-- ARGV: worker lease_prefix lease_ms batches_per_epoch total_batches capacity batches_per_step sync
+-- ARGV: max_steps run worker_info lease_ttl_ms
+-- Reply: {'ok', 'granted', lease id, batch, attempt, version, deadline_ms}
+--      | {'ok', 'finished' | 'admission' | 'sync_barrier', how far over (outstanding or the version waited for)}
+-- total_batches 0 = unbounded; sync '1' = wait for the adapter of the previous step.
+local worker = A.worker
+local max_steps = tonumber(A.max_steps)
+if max_steps > 0 and tonumber(redis.call('GET', K.learner_step) or '0') >= max_steps then
+  return {'ok', 'finished', 0}
+end
+local latest = tonumber(redis.call('GET', K.adapter_latest) or '0')
+local id, batch, attempt
+-- work that came back (failed, expired, revoked) first: it is already counted as outstanding
+local r = redis.call('XREADGROUP', 'GROUP', WORK_GROUP, worker, 'COUNT', 1, 'STREAMS', K.work, '>')
+if r then
+  local e = r[1][2][1]
+  local f = tomap(e[2])
+  id, batch, attempt = e[1], f['batch'], tonumber(f['attempt'])
+else
+  local n = tonumber(redis.call('GET', K.cursor) or '0')
+  local total = tonumber(A.total_batches)
+  local queued = redis.call('XLEN', K.work)
+  if total > 0 and n >= total then
+    if queued == 0 then return {'ok', 'finished', 0} end
+    return {'ok', 'admission', queued}    -- every batch is cut; some may still come back
+  end
+  local outstanding = queued + redis.call('XLEN', K.rollouts)
+  if outstanding >= tonumber(A.capacity) then return {'ok', 'admission', outstanding} end
+  local step = math.floor(n / tonumber(A.batches_per_step))
+  if A.sync == '1' and latest < step then
+    return {'ok', 'sync_barrier', step}
+  end
+  redis.call('SET', K.cursor, fmt(n + 1))
+  local bpe = tonumber(A.batches_per_epoch)
+  batch = string.format(BATCH_ID_FORMAT, A.run, math.floor(n / bpe), n % bpe)
+  attempt = 1
+  redis.call('XADD', K.work, '*', 'batch', batch, 'attempt', '1', 'failures', '0')
+  r = redis.call('XREADGROUP', 'GROUP', WORK_GROUP, worker, 'COUNT', 1, 'STREAMS', K.work, '>')
+  id = r[1][2][1][1]
+end
+local now = now_ms()
+local deadline = now + tonumber(A.lease_ms)
+local lk = A.lease_prefix .. id
+redis.call('HSET', lk, 'worker', worker, 'batch', batch, 'attempt', fmt(attempt), 'version', fmt(latest),
+           'deadline_ms', fmt(deadline), 'granted_ms', fmt(now))
+redis.call('PEXPIRE', lk, A.lease_ttl_ms)
+redis.call('HINCRBY', K.workers, 'granted:' .. worker, 1)
+redis.call('HSET', K.workers, 'seen:' .. worker, fmt(now))
+if redis.call('HSET', K.workers, 'info:' .. worker, A.worker_info) == 1 then
+  event(K.events, 'WorkerSeen', 'worker', worker)
+end
+event(K.events, 'LeaseGranted', 'lease', id, 'batch', batch, 'attempt', fmt(attempt), 'worker', worker,
+      'version', fmt(latest))
+return {'ok', 'granted', id, batch, attempt, latest, deadline}

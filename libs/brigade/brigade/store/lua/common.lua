@@ -1,0 +1,36 @@
+-- Helpers every script shares; the loader prepends this file (after the constants it generates
+-- from Python: WORK_GROUP, LEARNER_GROUP, EVENTS_MAXLEN, BATCH_ID_FORMAT, and the K / A tables).
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function tomap(f)
+  local m = {}
+  if f then for i = 1, #f, 2 do m[f[i]] = f[i + 1] end end
+  return m
+end
+local function fmt(n) return string.format('%d', n) end
+local function event(key, typ, ...)
+  redis.call('XADD', key, 'MAXLEN', '~', EVENTS_MAXLEN, '*', 'type', typ, ...)
+end
+local function refuse(kind, message) return {'err', kind, message} end
+-- take a work entry back (XACK + XDEL) and requeue it as attempt+1, or dead-letter it once
+-- `failures` reached max_attempts. Returns the next attempt, or 0 when dead-lettered.
+local function requeue(work, deadletter, stats, events, id, batch, attempt, failures, max_attempts, worker,
+                       reason, now)
+  redis.call('XACK', work, WORK_GROUP, id)
+  redis.call('XDEL', work, id)
+  if failures >= max_attempts then
+    redis.call('XADD', deadletter, '*', 'batch', batch, 'reason', reason, 'last_worker', worker,
+               'attempts', fmt(attempt), 'time', fmt(now))
+    redis.call('HINCRBY', stats, 'deadlettered', 1)
+    event(events, 'BatchDeadLettered', 'batch', batch, 'attempts', fmt(attempt), 'reason', reason, 'worker', worker)
+    return 0
+  end
+  redis.call('XADD', work, '*', 'batch', batch, 'attempt', fmt(attempt + 1), 'failures', fmt(failures))
+  return attempt + 1
+end
+local function pending_for(work, id, worker)
+  local p = redis.call('XPENDING', work, WORK_GROUP, id, id, 1, worker)
+  return #p > 0
+end

@@ -1,0 +1,19 @@
+-- Record an adapter version (never overwritten) and move `adapter_latest` forward, never back.
+-- KEYS: adapters adapter_latest events
+-- ARGV: version manifest uri step
+-- Reply: {'ok', latest version} | {'err', 'exists', message}
+local old = redis.call('HGET', K.adapters, A.version)
+if old and old ~= A.manifest then
+  return refuse('exists', 'adapter version ' .. A.version ..
+                ' was already published with a different manifest; versions are never overwritten')
+end
+local latest = tonumber(redis.call('GET', K.adapter_latest) or '0')
+if not old then
+  redis.call('HSET', K.adapters, A.version, A.manifest)
+  if tonumber(A.version) > latest then
+    latest = tonumber(A.version)
+    redis.call('SET', K.adapter_latest, A.version)
+  end
+  event(K.events, 'AdapterPublished', 'version', A.version, 'step', A.step, 'uri', A.uri)
+end
+return {'ok', latest}

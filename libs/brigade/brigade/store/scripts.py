@@ -1,0 +1,176 @@
+"""Loading and calling the Lua scripts in `lua/`, by name.
+
+Each script file declares its keys and arguments in its header:
+
+    -- KEYS: work rollouts cursor
+    -- ARGV: worker lease_ms ids...
+
+(several `-- ARGV:` lines add up; a last name ending in `...` takes the rest of ARGV as a list).
+The loader prepends generated Lua that binds them by name, `K.work`, `A.worker`, `A.ids`, the
+constants below, and `common.lua`. Callers pass every name as a keyword argument; a key named
+like a `RunKeys` property (work, events, stats...) may instead come from the run's keys, passed
+first. A missing or unknown name is a ValueError before Redis is called.
+
+Every script answers `{'ok', value...}` or `{'err', kind, message}`; `Script.__call__` returns
+the values and raises the refusal as a StoreError.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from importlib import resources
+
+import redis.asyncio as aioredis
+
+from brigade import keys
+from brigade.resp import PipelinedRedis, ReplyError
+from brigade.store.errors import BY_KIND
+
+EVENTS_MAXLEN = 10_000  # the events stream is capped (approximately) at this many entries
+
+# Python values the scripts see as Lua constants (substituted at load time, so one definition)
+CONSTANTS = {
+    "WORK_GROUP": keys.WORK_GROUP,
+    "LEARNER_GROUP": keys.LEARNER_GROUP,
+    "EVENTS_MAXLEN": EVENTS_MAXLEN,
+    "BATCH_ID_FORMAT": keys.BATCH_ID_FORMAT,
+}
+
+_HEADER = re.compile(r"^-- (KEYS|ARGV):(.*)$", re.MULTILINE)
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+def _lua_literal(value: str | int) -> str:
+    if isinstance(value, int):
+        return str(value)
+    if re.search(r"['\\\n]", value):
+        raise ValueError(f"constant {value!r} cannot be a plain Lua string")
+    return f"'{value}'"
+
+
+@dataclass(frozen=True)
+class Declaration:
+    """A script's KEYS and ARGV names, in the order Redis receives them."""
+
+    keys: tuple[str, ...]
+    args: tuple[str, ...]
+    rest: str = ""  # the variadic tail of ARGV ("" = none)
+
+    @classmethod
+    def parse(cls, name: str, source: str) -> Declaration:
+        found: dict[str, list[str]] = {"KEYS": [], "ARGV": []}
+        for kind, names in _HEADER.findall(source):
+            found[kind] += names.split()
+        ks, args = found["KEYS"], found["ARGV"]
+        if not ks and not args:
+            raise ValueError(f"{name}.lua declares no '-- KEYS:' / '-- ARGV:' header")
+        rest = ""
+        if args and args[-1].endswith("..."):
+            rest = args.pop()[:-3]
+        every = [*ks, *args, *([rest] if rest else [])]
+        bad = [n for n in every if not _NAME.match(n)]
+        if bad:
+            raise ValueError(f"{name}.lua: bad names {bad} (lowercase identifiers; only the last ARGV may end in ...)")
+        if len(set(every)) != len(every):
+            raise ValueError(f"{name}.lua: a name is declared twice in {every}")
+        return cls(tuple(ks), tuple(args), rest)
+
+    def prelude(self) -> str:
+        """Lua binding every declared name: K.<key>, A.<arg>, A.<rest> (a list)."""
+        k = ", ".join(f"{n} = KEYS[{i}]" for i, n in enumerate(self.keys, 1))
+        a = ", ".join(f"{n} = ARGV[{i}]" for i, n in enumerate(self.args, 1))
+        lines = [f"local K = {{{k}}}", f"local A = {{{a}}}"]
+        if self.rest:
+            lines.append(f"A.{self.rest} = {{}}\n"
+                         f"for i = {len(self.args) + 1}, #ARGV do A.{self.rest}[#A.{self.rest} + 1] = ARGV[i] end")
+        return "\n".join(lines) + "\n"
+
+    def bind(self, script: str, values: dict[str, object],
+             run_keys: keys.RunKeys | None = None) -> tuple[list[object], list[object]]:
+        """(KEYS, ARGV) in declared order, keys not in `values` taken from `run_keys` where it has
+        a property of that name; ValueError naming what is missing or unknown."""
+        if run_keys is not None:
+            known = {n: getattr(run_keys, n) for n in self.keys if isinstance(getattr(keys.RunKeys, n, None), property)}
+            values = {**known, **values}
+        wanted = {*self.keys, *self.args, *([self.rest] if self.rest else [])}
+        missing, unknown = sorted(wanted - values.keys()), sorted(values.keys() - wanted)
+        if missing or unknown:
+            raise ValueError(f"script {script}: missing {missing}, unknown {unknown}")
+        rest = list(values[self.rest]) if self.rest else []
+        return [values[n] for n in self.keys], [*(values[n] for n in self.args), *rest]
+
+
+def read_source(name: str) -> str:
+    return resources.files("brigade.store").joinpath("lua", f"{name}.lua").read_text()
+
+
+def script_names() -> list[str]:
+    return sorted(p.name[:-4] for p in resources.files("brigade.store").joinpath("lua").iterdir()
+                  if p.name.endswith(".lua") and p.name != "common.lua")
+
+
+def text(value: bytes | str | int | None) -> str:
+    """A Redis reply as text ('' for nil)."""
+    if value is None:
+        return ""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+def number(value: bytes | str | int | None, default: int = 0) -> int:
+    """A Redis reply as an int (`default` for nil or empty)."""
+    if value is None or value == b"" or value == "":
+        return default
+    return int(value)
+
+
+def unwrap(name: str, reply: list) -> list:
+    """The values of an {'ok', value...} reply; the StoreError of an {'err', kind, message} one."""
+    status = text(reply[0]) if reply else ""
+    if status == "ok":
+        return reply[1:]
+    if status == "err":
+        raise BY_KIND[text(reply[1])](text(reply[2]))
+    raise RuntimeError(f"script {name} answered {reply!r}, neither {{'ok', ...}} nor {{'err', kind, message}}")
+
+
+class Script:
+    """One script, run with EVALSHA: over the pipelined hot-path connection when there is one,
+    else through redis-py. Loaded into Redis on first NOSCRIPT (after a restart or a flush)."""
+
+    def __init__(self, name: str, client: aioredis.Redis, fast: PipelinedRedis | None):
+        own = read_source(name)
+        self.name = name
+        self.declaration = Declaration.parse(name, own)
+        constants = "".join(f"local {k} = {_lua_literal(v)}\n" for k, v in CONSTANTS.items())
+        self.source = constants + self.declaration.prelude() + read_source("common") + own
+        self.sha = hashlib.sha1(self.source.encode()).hexdigest()
+        self._fast = fast
+        self._script = client.register_script(self.source)
+
+    async def __call__(self, run_keys: keys.RunKeys | None = None, /, **values: object) -> list:
+        ks, args = self.declaration.bind(self.name, values, run_keys)
+        return unwrap(self.name, await self._run(ks, args))
+
+    async def _run(self, ks: list[object], args: list[object]) -> list:
+        fast = self._fast
+        if fast is None:
+            return await self._script(keys=ks, args=args)
+        try:
+            return await fast.execute("EVALSHA", self.sha, len(ks), *ks, *args)
+        except ReplyError as e:
+            if not str(e).startswith("NOSCRIPT"):
+                raise
+        await fast.execute("SCRIPT", "LOAD", self.source)
+        return await fast.execute("EVALSHA", self.sha, len(ks), *ks, *args)
+
+
+class Scripts:
+    """Every script of `lua/`, loaded once per store: `scripts.acquire(work=..., worker=...)`."""
+
+    def __init__(self, client: aioredis.Redis, fast: PipelinedRedis | None):
+        for name in script_names():
+            setattr(self, name, Script(name, client, fast))

@@ -1,0 +1,94 @@
+"""What the janitor calls: expire silent leases, revoke stale ones, drop stale manifests, forget
+idle consumers, and the compare-and-renew lock that keeps one janitor sweeping."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+
+from brigade import keys
+from brigade.store.runs import RunInfo, Runs
+from brigade.store.scripts import Script, Scripts, text
+
+SWEEP_COUNT = 200             # entries one sweep script call looks at
+CONSUMER_IDLE_MS = 3_600_000  # group consumers idle this long and holding nothing are forgotten
+
+
+@dataclass
+class SweepResult:
+    expired: int = 0
+    revoked: int = 0
+    stale_removed: int = 0
+    deadlettered: int = 0
+
+
+async def _pages(script: Script, ri: RunInfo, **values: object) -> tuple[int, int]:
+    """Call a sweep script page by page until its cursor says done (''): (sum of the first
+    count, sum of the second, e.g. expired and dead-lettered)."""
+    total, dead, cursor = 0, 0, ""
+    while True:
+        cursor, n, *more = await script(ri.keys, cursor=cursor, count=SWEEP_COUNT, **values)
+        total += int(n)
+        dead += int(more[0]) if more else 0
+        if not text(cursor):
+            return total, dead
+
+
+class Sweeps:
+    def __init__(self, redis: aioredis.Redis, runs: Runs, scripts: Scripts):
+        self.redis = redis
+        self.runs = runs
+        self.scripts = scripts
+
+    async def expire_leases(self, run: str, min_idle_ms: int | None = None) -> SweepResult:
+        """Requeue (or dead-letter) every lease not heartbeated for lease_seconds."""
+        ri = await self.runs.get(run)
+        idle = ri.lease_ms if min_idle_ms is None else min_idle_ms
+        expired, dead = await _pages(self.scripts.expire, ri, min_idle_ms=idle, max_attempts=ri.max_attempts,
+                                     lease_prefix=ri.lease_prefix, keep_ms=ri.keep_ms)
+        return SweepResult(expired=expired, deadlettered=dead)
+
+    async def revoke_stale(self, run: str) -> SweepResult:
+        """Revoke in-flight leases whose adapter version is more than max_staleness behind."""
+        ri = await self.runs.get(run)
+        revoked, dead = await _pages(self.scripts.revoke, ri, max_staleness=ri.max_staleness,
+                                     max_attempts=ri.max_attempts, lease_prefix=ri.lease_prefix, keep_ms=ri.keep_ms)
+        return SweepResult(revoked=revoked, deadlettered=dead)
+
+    async def remove_stale_manifests(self, run: str) -> SweepResult:
+        """Drop completed manifests, not yet handed to the learner, that are too stale to train on."""
+        ri = await self.runs.get(run)
+        removed, _ = await _pages(self.scripts.remove_stale, ri, max_staleness=ri.max_staleness)
+        return SweepResult(stale_removed=removed)
+
+    async def prune_consumers(self, run: str, min_idle_ms: int = CONSUMER_IDLE_MS) -> int:
+        """Forget group consumers (worker / learner ids) idle for `min_idle_ms` that hold nothing."""
+        k = (await self.runs.get(run)).keys
+        removed = 0
+        for stream, group in ((k.work, keys.WORK_GROUP), (k.rollouts, keys.LEARNER_GROUP)):
+            (n,) = await self.scripts.prune_consumers(stream=stream, group=group, min_idle_ms=min_idle_ms)
+            removed += int(n)
+        return removed
+
+    async def sweep(self, run: str) -> SweepResult:
+        a = await self.expire_leases(run)
+        b = await self.revoke_stale(run)
+        c = await self.remove_stale_manifests(run)
+        return SweepResult(a.expired, b.revoked, c.stale_removed, a.deadlettered + b.deadlettered)
+
+    # -------------------------------------------------------------- the janitor lock
+
+    async def lock_acquire(self, name: str, owner: str, ttl_ms: int) -> bool:
+        return bool(await self.redis.set(name, owner, nx=True, px=ttl_ms))
+
+    async def lock_renew(self, name: str, owner: str, ttl_ms: int) -> bool:
+        (renewed,) = await self.scripts.lock_renew(lock=name, owner=owner, ttl_ms=ttl_ms)
+        return bool(renewed)
+
+    async def lock_release(self, name: str, owner: str) -> bool:
+        (released,) = await self.scripts.lock_release(lock=name, owner=owner)
+        return bool(released)
+
+    async def lock_holder(self, name: str) -> str:
+        return text(await self.redis.get(name))

@@ -1,0 +1,460 @@
+"""brigade.store against a real redis-server: every operation's happy path and refusals."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import pytest_asyncio
+from proxy_support import adapter_manifest, make_prompts, make_spec, new_run_id
+
+from brigade import keys
+from brigade.store import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    RunInfo,
+    Store,
+)
+from brigade.v1 import brigade_pb2 as pb
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+@pytest_asyncio.fixture
+async def q(redis_url):
+    store = Store(redis_url)
+    yield store
+    await store.close()
+
+
+async def new_run(q: Store, n_prompts: int = 10, **spec) -> str:
+    run = new_run_id("q")
+    assert await q.runs.create(make_spec(run, **spec), make_prompts(n_prompts)) is True
+    return run
+
+
+def manifest(run: str, g, worker: str = "w", **over) -> pb.RolloutManifest:
+    lease = g.lease
+    fields = dict(run_id=run, batch_id=lease.batch.batch_id, attempt=lease.attempt, worker_id=worker,
+                  policy_version=lease.adapter_version, uri=keys.rollout_key(run, lease.batch.batch_id, lease.attempt),
+                  sha256="0" * 64, num_samples=2)
+    fields.update(over)
+    return pb.RolloutManifest(**fields)
+
+
+async def force_idle(q: Store, run: str, lease_id: str, worker: str) -> None:
+    """Make a lease look silent for a long time (as if its worker died)."""
+    await q.redis.xclaim(keys.RunKeys(run).work, keys.WORK_GROUP, worker, 0, [lease_id], idle=10**9, justid=True)
+
+
+# ---------------------------------------------------------------- runs
+
+async def test_create_run_idempotence_and_conflicts(q):
+    run = new_run_id("q")
+    spec = make_spec(run)
+    assert await q.runs.create(spec, make_prompts(4)) is True
+    assert await q.runs.create(spec, make_prompts(4), exist_ok=True) is False
+    with pytest.raises(AlreadyExists, match="already exists"):
+        await q.runs.create(spec, make_prompts(4))
+    with pytest.raises(AlreadyExists, match="different spec"):
+        await q.runs.create(make_spec(run, seed=7), make_prompts(4), exist_ok=True)
+    assert run in await q.runs.ids()
+    info = await q.runs.get(run)
+    assert len(info.prompts) == 4 and info.spec == spec
+
+
+async def test_create_run_validates(q):
+    bad = make_spec(new_run_id("q"))
+    bad.sampling.group_size = 1
+    with pytest.raises(InvalidArgument, match="sampling.group_size"):
+        await q.runs.create(bad, make_prompts(2))
+    with pytest.raises(InvalidArgument, match="at least one prompt"):
+        await q.runs.create(make_spec(new_run_id("q")), [])
+
+
+async def test_unknown_run_lists_known(q):
+    await new_run(q)
+    with pytest.raises(NotFound, match=r"no run 'nope' \(known: ") as err:
+        await q.leases.acquire("nope", "w")
+    # the message names the known runs (the first 20, sorted), however many earlier tests made
+    assert all(r in str(err.value) for r in (await q.runs.ids())[:20])
+
+
+# ---------------------------------------------------------------- batches
+
+async def test_batches_are_deterministic_and_cover_each_epoch():
+    spec = make_spec("det", prompts_per_batch=3, seed=11)
+    prompts = make_prompts(10)
+    a, b = RunInfo(spec, b"", prompts), RunInfo(spec, b"", prompts)
+    assert a.batches_per_epoch == 4
+    for epoch in range(3):
+        seen = []
+        for index in range(4):
+            batch = a.batch(keys.batch_id("det", epoch, index))
+            assert batch == b.batch(keys.batch_id("det", epoch, index))
+            assert (batch.epoch, batch.index) == (epoch, index)
+            seen += [p.id for p in batch.prompts]
+        assert sorted(seen) == sorted(p.id for p in prompts)  # every prompt once per epoch
+    assert a.permutation(0) != a.permutation(1)
+    other = RunInfo(make_spec("det", prompts_per_batch=3, seed=12), b"", prompts)
+    assert other.permutation(0) != a.permutation(0)
+
+
+async def test_cut_order_and_epochs_bound(q):
+    run = await new_run(q, n_prompts=3, prompts_per_batch=2, epochs=2, staleness={"max_staleness": 100})
+    grants = [await q.leases.acquire(run, f"w{i}") for i in range(4)]
+    assert [g.lease.batch.batch_id for g in grants] == [f"{run}:0:0", f"{run}:0:1", f"{run}:1:0", f"{run}:1:1"]
+    assert all(g.granted and g.lease.attempt == 1 and g.lease.adapter_version == 0 for g in grants)
+    g = await q.leases.acquire(run, "w9")
+    assert not g.granted and g.reason == "admission"  # all cut, but leases may still come back
+    for i, lease in enumerate(grants):
+        await q.leases.complete(run, lease.lease.lease_id, f"w{i}", manifest(run, lease, f"w{i}"))
+    g = await q.leases.acquire(run, "w9")
+    assert not g.granted and g.reason == "finished" and g.retry_after_ms > 0
+
+
+async def test_admission_cap(q):
+    run = await new_run(q, n_prompts=50, batches_per_step=2, staleness={"max_staleness": 1})
+    grants = [await q.leases.acquire(run, f"w{i}") for i in range(4)]  # cap = 2 * (1 + 1)
+    assert all(g.granted for g in grants)
+    denied = await q.leases.acquire(run, "w5")
+    assert not denied.granted and denied.reason == "admission" and 200 <= denied.retry_after_ms <= 1200
+    await q.leases.complete(run, grants[0].lease.lease_id, "w0", manifest(run, grants[0], "w0"))
+    assert not (await q.leases.acquire(run, "w5")).granted  # completed-but-unconsumed still counts
+    pulled = await q.learner.pull(run, "L", 10)
+    await q.learner.ack(run, "L", [pulled.rollouts[0][0]], [grants[0].lease.batch.batch_id], [], step=1)
+    assert (await q.leases.acquire(run, "w5")).granted
+
+
+async def test_sync_barrier(q):
+    run = await new_run(q, n_prompts=50, sync=True, batches_per_step=1, staleness={"max_staleness": 5})
+    g0 = await q.leases.acquire(run, "w")
+    assert g0.granted and g0.lease.batch.batch_id == f"{run}:0:0"
+    g1 = await q.leases.acquire(run, "w")
+    assert not g1.granted and g1.reason == "sync_barrier"
+    await q.learner.publish(run, adapter_manifest(run, 1))
+    g1 = await q.leases.acquire(run, "w")
+    assert g1.granted and g1.lease.adapter_version == 1
+
+
+async def test_max_steps_finishes(q):
+    run = await new_run(q, max_steps=2)
+    g = await q.leases.acquire(run, "w")
+    await q.leases.complete(run, g.lease.lease_id, "w", manifest(run, g))
+    pulled = await q.learner.pull(run, "L", 5)
+    await q.learner.ack(run, "L", [d for d, _ in pulled.rollouts], [g.lease.batch.batch_id], [], step=2)
+    g = await q.leases.acquire(run, "w")
+    assert not g.granted and g.reason == "finished"
+    assert (await q.views.run_state(run)).finished
+
+
+# ---------------------------------------------------------------- heartbeat / complete / fail
+
+async def test_heartbeat(q):
+    run = await new_run(q)
+    g = await q.leases.acquire(run, "w1")
+    beat = await q.leases.heartbeat(run, g.lease.lease_id, "w1")
+    assert beat.status == "ok" and beat.deadline_ms >= g.lease.deadline_ms and beat.latest_version == 0
+    foreign = await q.leases.heartbeat(run, g.lease.lease_id, "w2")
+    assert foreign.status == "lost" and "another worker" in foreign.message
+    unknown = await q.leases.heartbeat(run, "1-1", "w1")
+    assert unknown.status == "lost" and "unknown lease" in unknown.message
+
+
+async def test_heartbeat_keeps_lease_from_expiring(q):
+    run = await new_run(q)
+    g = await q.leases.acquire(run, "w1")
+    await force_idle(q, run, g.lease.lease_id, "w1")
+    assert (await q.leases.heartbeat(run, g.lease.lease_id, "w1")).status == "ok"  # resets the idle time
+    assert (await q.sweeps.expire_leases(run)).expired == 0
+    await force_idle(q, run, g.lease.lease_id, "w1")
+    assert (await q.sweeps.expire_leases(run)).expired == 1
+    lost = await q.leases.heartbeat(run, g.lease.lease_id, "w1")
+    assert lost.status == "lost" and "expired" in lost.message
+
+
+async def test_complete_and_duplicates(q):
+    run = await new_run(q)
+    g = await q.leases.acquire(run, "w1")
+    c = await q.leases.complete(run, g.lease.lease_id, "w1", manifest(run, g, "w1"))
+    assert not c.duplicate and c.delivery_id
+    again = await q.leases.complete(run, g.lease.lease_id, "w1", manifest(run, g, "w1"))
+    assert again.duplicate
+    state = await q.views.run_state(run)
+    assert state.completed == 1 and state.duplicates == 1 and state.leased == 0
+    assert len((await q.learner.pull(run, "L", 10)).rollouts) == 1  # one manifest, not two
+
+
+async def test_complete_refusals(q):
+    run = await new_run(q)
+    g = await q.leases.acquire(run, "w1")
+    good = manifest(run, g, "w1")
+    cases = [
+        (dict(run_id="other"), "run_id"),
+        (dict(batch_id=f"{run}:5:5", uri=keys.rollout_key(run, f"{run}:5:5", 1)), "does not match the leased batch"),
+        (dict(attempt=2, uri=keys.rollout_key(run, g.lease.batch.batch_id, 2)), "attempt"),
+        (dict(policy_version=3), "policy_version"),
+        (dict(uri="runs/other/rollouts/x/attempt-1.safetensors"), "uri"),
+        (dict(uri=keys.rollout_key(run, g.lease.batch.batch_id, 1) + "/../../x"), "uri"),
+        (dict(text_uri="runs/other/x.json"), "text_uri"),
+        (dict(sha256="ABC"), "sha256"),
+        (dict(num_samples=0), "num_samples"),
+        (dict(reward_mean=float("nan")), "reward_mean"),
+        (dict(compute_seconds=float("inf")), "compute_seconds"),
+    ]
+    for over, needle in cases:
+        bad = pb.RolloutManifest()
+        bad.CopyFrom(good)
+        for k, v in over.items():
+            setattr(bad, k, v)
+        with pytest.raises(InvalidArgument, match=needle):
+            await q.leases.complete(run, g.lease.lease_id, "w1", bad)
+    with pytest.raises(FailedPrecondition, match="another worker"):
+        await q.leases.complete(run, g.lease.lease_id, "w2", good)
+    with pytest.raises(NotFound, match="unknown lease"):
+        await q.leases.complete(run, "1-1", "w1", good)
+    assert not (await q.leases.complete(run, g.lease.lease_id, "w1", good)).duplicate  # still completable
+
+
+async def test_complete_after_expiry_is_refused(q):
+    run = await new_run(q)
+    g = await q.leases.acquire(run, "w1")
+    await force_idle(q, run, g.lease.lease_id, "w1")
+    await q.sweeps.expire_leases(run)
+    with pytest.raises(FailedPrecondition, match="expired"):
+        await q.leases.complete(run, g.lease.lease_id, "w1", manifest(run, g, "w1"))
+    g2 = await q.leases.acquire(run, "w2")  # the requeued attempt comes first
+    assert g2.lease.batch.batch_id == g.lease.batch.batch_id and g2.lease.attempt == 2
+    await q.leases.complete(run, g2.lease.lease_id, "w2", manifest(run, g2, "w2"))
+    # the late first worker now hears "duplicate": its work is simply dropped
+    assert (await q.leases.complete(run, g.lease.lease_id, "w1", manifest(run, g, "w1"))).duplicate
+
+
+async def test_fail_requeues_then_deadletters(q):
+    run = await new_run(q, staleness={"max_attempts": 2})
+    g = await q.leases.acquire(run, "w1")
+    f = await q.leases.fail(run, g.lease.lease_id, "w1", pb.FailLeaseRequest.ERROR, message="CUDA OOM")
+    assert f.requeued and not f.deadlettered and f.next_attempt == 2
+    g2 = await q.leases.acquire(run, "w2")
+    assert g2.lease.batch.batch_id == g.lease.batch.batch_id and g2.lease.attempt == 2
+    f2 = await q.leases.fail(run, g2.lease.lease_id, "w2", pb.FailLeaseRequest.ERROR, message="again")
+    assert f2.deadlettered and not f2.requeued
+    (dead,) = await q.views.dead_letters(run)
+    assert dead.batch_id == g.lease.batch.batch_id and dead.attempts == 2 and dead.last_worker == "w2"
+    assert "again" in dead.reason
+    with pytest.raises(NotFound):
+        await q.leases.fail(run, g2.lease.lease_id, "w2", pb.FailLeaseRequest.ERROR)
+
+
+async def test_preemption_does_not_count(q):
+    run = await new_run(q, staleness={"max_attempts": 1})
+    g = await q.leases.acquire(run, "w1")
+    for attempt in range(2, 6):
+        f = await q.leases.fail(run, g.lease.lease_id, "w1", pb.FailLeaseRequest.PREEMPTED)
+        assert f.requeued and f.next_attempt == attempt
+        g = await q.leases.acquire(run, "w1")
+        assert g.lease.attempt == attempt
+    assert (await q.leases.fail(run, g.lease.lease_id, "w1", pb.FailLeaseRequest.ERROR)).deadlettered
+
+
+async def test_fail_refusals(q):
+    run = await new_run(q)
+    g = await q.leases.acquire(run, "w1")
+    with pytest.raises(FailedPrecondition, match="another worker"):
+        await q.leases.fail(run, g.lease.lease_id, "w2", pb.FailLeaseRequest.ERROR)
+    with pytest.raises(NotFound):
+        await q.leases.fail(run, "9-9", "w1", pb.FailLeaseRequest.ERROR)
+
+
+# ---------------------------------------------------------------- learner
+
+async def test_pull_ack_and_redelivery(q):
+    run = await new_run(q, staleness={"max_staleness": 10})
+    grants = [await q.leases.acquire(run, "w") for _ in range(3)]
+    for g in grants:
+        await q.leases.complete(run, g.lease.lease_id, "w", manifest(run, g))
+    first = await q.learner.pull(run, "L", 2)
+    assert [m.batch_id for _, m in first.rollouts] == [g.lease.batch.batch_id for g in grants[:2]]
+    # a restarted learner sees what it pulled but never acked
+    again = await q.learner.pull(run, "L", 10, include_pending=True)
+    assert [d for d, _ in again.rollouts] == [d for d, _ in first.rollouts]
+    b0, b1 = grants[0].lease.batch.batch_id, grants[1].lease.batch.batch_id
+    acked = await q.learner.ack(run, "L", [d for d, _ in first.rollouts], [b0], [b1], step=1,
+                                metrics_json='{"loss": 0.5}')
+    assert acked == 2
+    # idempotent: the same ack again changes nothing
+    assert await q.learner.ack(run, "L", [d for d, _ in first.rollouts], [b0], [b1], step=1,
+                               metrics_json='{"loss": 0.5}') == 0
+    state = await q.views.run_state(run)
+    assert (state.consumed, state.rejected, state.learner_step, state.completed) == (1, 1, 1, 1)
+    assert [m.step for m in await q.views.metrics(run)] == [1]
+    rest = await q.learner.pull(run, "L", 10, wait_ms=50)
+    assert [m.batch_id for _, m in rest.rollouts] == [grants[2].lease.batch.batch_id]
+    empty = await q.learner.pull(run, "L", 10, wait_ms=50)
+    assert empty.rollouts == []
+    # step never goes back
+    await q.learner.ack(run, "L", [], [], [], step=0)
+    assert (await q.views.run_state(run)).learner_step == 1
+
+
+async def test_ack_refusals(q):
+    run = await new_run(q)
+    with pytest.raises(InvalidArgument, match="never completed"):
+        await q.learner.ack(run, "L", [], [f"{run}:0:0"], [], step=1)
+    with pytest.raises(InvalidArgument, match="another run"):
+        await q.learner.ack(run, "L", [], ["other:0:0"], [], step=1)
+    with pytest.raises(InvalidArgument, match="stream entry id"):
+        await q.learner.ack(run, "L", ["nope"], [], [], step=1)
+
+
+async def test_metrics_last(q):
+    run = await new_run(q)
+    for step in range(1, 6):
+        await q.learner.ack(run, "L", [], [], [], step=step, metrics_json=f'{{"step": {step}}}')
+    assert [m.step for m in await q.views.metrics(run, last=2)] == [4, 5]
+    assert len(await q.views.metrics(run)) == 5
+
+
+async def test_publish_versions_never_go_back(q):
+    run = await new_run(q)
+    assert await q.learner.publish(run, adapter_manifest(run, 2)) == 2
+    assert await q.learner.publish(run, adapter_manifest(run, 1)) == 2
+    assert await q.learner.publish(run, adapter_manifest(run, 2)) == 2  # identical retry is fine
+    with pytest.raises(AlreadyExists, match="different manifest"):
+        await q.learner.publish(run, adapter_manifest(run, 2, step=9))
+    for bad, needle in [
+        (pb.AdapterManifest(run_id=run, version=0, uri=keys.adapter_prefix(run, 0)), "version"),
+        (pb.AdapterManifest(run_id="x", version=3, uri=keys.adapter_prefix(run, 3)), "run_id"),
+        (pb.AdapterManifest(run_id=run, version=3, uri="runs/other/adapters/v00000003/"), "uri"),
+        (pb.AdapterManifest(run_id=run, version=3, uri=keys.adapter_prefix(run, 4)), "uri"),
+    ]:
+        with pytest.raises(InvalidArgument, match=needle):
+            await q.learner.publish(run, bad)
+    full = pb.AdapterManifest(run_id=run, version=3, step=3, uri="s3://b/pre/" + keys.adapter_prefix(run, 3))
+    assert await q.learner.publish(run, full) == 3
+    assert [a.version for a in await q.views.list_adapters(run)] == [1, 2, 3]
+
+
+# ---------------------------------------------------------------- janitor sweeps
+
+async def test_expiry_requeues_with_next_attempt_then_deadletters(q):
+    run = await new_run(q, staleness={"max_attempts": 2})
+    g = await q.leases.acquire(run, "w1")
+    await force_idle(q, run, g.lease.lease_id, "w1")
+    r = await q.sweeps.expire_leases(run)
+    assert (r.expired, r.deadlettered) == (1, 0)
+    g2 = await q.leases.acquire(run, "w2")
+    assert g2.lease.batch.batch_id == g.lease.batch.batch_id and g2.lease.attempt == 2
+    assert g2.lease.lease_id != g.lease.lease_id
+    await force_idle(q, run, g2.lease.lease_id, "w2")
+    r = await q.sweeps.expire_leases(run)
+    assert (r.expired, r.deadlettered) == (1, 1)
+    (dead,) = await q.views.dead_letters(run)
+    assert (dead.batch_id, dead.reason, dead.last_worker, dead.attempts) == (
+        g.lease.batch.batch_id, "lease expired", "w2", 2)
+    state = await q.views.run_state(run)
+    assert (state.expired, state.deadlettered, state.queued, state.leased) == (2, 1, 0, 0)
+
+
+async def test_revoke_stale_leases(q):
+    run = await new_run(q, staleness={"max_staleness": 1, "max_attempts": 5})
+    old = await q.leases.acquire(run, "w1")
+    await q.learner.publish(run, adapter_manifest(run, 1))
+    fresh = await q.leases.acquire(run, "w2")
+    assert (await q.sweeps.revoke_stale(run)).revoked == 0  # 1 - 0 is within max_staleness
+    await q.learner.publish(run, adapter_manifest(run, 2))
+    r = await q.sweeps.revoke_stale(run)
+    assert r.revoked == 1
+    beat = await q.leases.heartbeat(run, old.lease.lease_id, "w1")
+    assert beat.status == "revoked" and beat.latest_version == 2
+    assert (await q.leases.heartbeat(run, fresh.lease.lease_id, "w2")).status == "ok"
+    with pytest.raises(FailedPrecondition, match="revoked"):
+        await q.leases.complete(run, old.lease.lease_id, "w1", manifest(run, old, "w1"))
+    again = await q.leases.acquire(run, "w3")
+    assert again.lease.batch.batch_id == old.lease.batch.batch_id
+    assert again.lease.attempt == 2 and again.lease.adapter_version == 2
+    assert (await q.views.run_state(run)).revoked == 1
+
+
+async def test_remove_stale_manifests_only_undelivered(q):
+    run = await new_run(q, staleness={"max_staleness": 1})
+    a = await q.leases.acquire(run, "w")
+    b = await q.leases.acquire(run, "w")
+    await q.leases.complete(run, a.lease.lease_id, "w", manifest(run, a))
+    pulled = await q.learner.pull(run, "L", 1)  # the learner holds a
+    await q.leases.complete(run, b.lease.lease_id, "w", manifest(run, b))
+    await q.learner.publish(run, adapter_manifest(run, 2))
+    r = await q.sweeps.remove_stale_manifests(run)
+    assert r.stale_removed == 1  # b; a is the learner's to judge
+    state = await q.views.run_state(run)
+    assert state.stale_removed == 1 and state.completed == 1
+    rejected = await q.redis.hgetall(keys.RunKeys(run).rejected)
+    assert rejected == {b.lease.batch.batch_id.encode(): b"stale (janitor)"}
+    await q.learner.ack(run, "L", [pulled.rollouts[0][0]], [], [a.lease.batch.batch_id], step=2)
+    assert (await q.learner.pull(run, "L", 10)).rollouts == []
+
+
+# ---------------------------------------------------------------- inspection
+
+async def test_inspection_reads(q):
+    run = await new_run(q)
+    g = await q.leases.acquire(run, "w1", pb.WorkerInfo(capacity_class="spot", price_per_hour=0.7))
+    (lease,) = await q.views.list_leases(run)
+    assert (lease.lease_id, lease.batch_id, lease.worker_id, lease.attempt) == (
+        g.lease.lease_id, g.lease.batch.batch_id, "w1", 1)
+    (worker,) = await q.views.list_workers(run)
+    assert (worker.worker_id, worker.capacity_class, worker.leases_granted) == ("w1", "spot", 1)
+    assert worker.last_seen_ms > 0
+    events = await q.views.read_events(run)
+    assert [e.type for e in events] == ["RunCreated", "WorkerSeen", "LeaseGranted"]
+    assert events[2].attrs["batch"] == g.lease.batch.batch_id and events[2].time_ms > 0
+    state = await q.views.run_state(run)
+    assert (state.batches_created, state.leased, state.queued, state.num_prompts) == (1, 1, 0, 10)
+    assert state.created_ms > 0 and not state.finished
+
+
+async def test_events_tail(q):
+    run = await new_run(q)
+    seen = []
+
+    async def tail():
+        async for event in q.views.events(run, from_start=True, block_ms=100):
+            seen.append(event.type)
+            if len(seen) == 3:
+                return
+
+
+    task = asyncio.create_task(tail())
+    await asyncio.sleep(0.05)
+    await q.leases.acquire(run, "w1")
+    await asyncio.wait_for(task, 5)
+    assert seen == ["RunCreated", "WorkerSeen", "LeaseGranted"]
+
+
+async def test_redis_py_fallback_path(redis_url):
+    """Without the pipelined connection the scripts run through redis-py with the same results."""
+    q = Store(redis_url, pipelined=False)
+    try:
+        assert q.fast is None
+        run = await new_run(q)
+        g = await q.leases.acquire(run, "w")
+        assert g.granted
+        assert not (await q.leases.complete(run, g.lease.lease_id, "w", manifest(run, g))).duplicate
+    finally:
+        await q.close()
+
+
+async def test_prune_consumers_keeps_lease_holders(q):
+    run = await new_run(q)
+    g = await q.leases.acquire(run, "holder")
+    done = await q.leases.acquire(run, "finished-worker")
+    await q.leases.complete(run, done.lease.lease_id, "finished-worker", manifest(run, done, "finished-worker"))
+    await q.learner.pull(run, "old-learner", 1)
+    await asyncio.sleep(0.05)
+    removed = await q.sweeps.prune_consumers(run, min_idle_ms=10)
+    assert removed == 1  # finished-worker; "holder" holds a lease, "old-learner" holds a delivery
+    names = {c["name"] for c in await q.redis.xinfo_consumers(keys.RunKeys(run).work, keys.WORK_GROUP)}
+    assert names == {b"holder"}
+    assert (await q.leases.heartbeat(run, g.lease.lease_id, "holder")).status == "ok"

@@ -1,0 +1,107 @@
+"""The Lua loader: every script declares its KEYS and ARGV, loads, and is called by name only."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import redis.asyncio as aioredis
+
+from brigade import keys
+from brigade.store.scripts import CONSTANTS, Declaration, Script, read_source, script_names
+
+EXPECTED = {"ack", "acquire", "complete", "create_run", "expire", "fail", "heartbeat", "lock_release", "lock_renew",
+            "prune_consumers", "publish", "remove_stale", "revoke"}
+
+
+def _script(name: str) -> Script:
+    # never connects: building a Script only registers the source with the client object
+    return Script(name, aioredis.Redis.from_url("redis://127.0.0.1:1/0"), None)
+
+
+def test_every_script_is_found():
+    assert set(script_names()) == EXPECTED
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_every_script_declares_what_it_uses(name):
+    own = read_source(name)
+    d = Declaration.parse(name, own)
+    assert d.keys or d.args
+    # inside the script, only the declared names, never a KEYS[i] / ARGV[i] position
+    assert not re.search(r"\b(KEYS|ARGV)\[", own), f"{name}.lua indexes KEYS/ARGV by position"
+    used_keys = set(re.findall(r"\bK\.(\w+)", own))
+    used_args = set(re.findall(r"\bA\.(\w+)", own))
+    assert used_keys <= set(d.keys), used_keys - set(d.keys)
+    assert used_args <= {*d.args, d.rest} - {""}, used_args - set(d.args)
+    assert set(d.keys) <= used_keys and set(d.args) <= used_args, "declared but unused"
+    # group names come from brigade.keys, never spelled out in a stream command
+    stream_command = r"'(XACK|XREADGROUP|XGROUP|XPENDING|XAUTOCLAIM|XCLAIM)'"
+    group_calls = [ln for ln in own.splitlines() if re.search(stream_command, ln)]
+    assert not [ln for ln in group_calls if re.search(r"'(rollout|learner)'", ln)]
+    assert "return {'ok'" in own
+
+
+def test_loaded_source_binds_names_constants_and_common():
+    s = _script("acquire")
+    assert s.source.startswith("local WORK_GROUP = 'rollout'\n")
+    assert "local K = {work = KEYS[1], rollouts = KEYS[2]," in s.source
+    assert "local function requeue(" in s.source and s.source.endswith(read_source("acquire"))
+    assert all(f"local {c} = " in s.source for c in CONSTANTS)
+
+
+def test_call_by_name_binds_in_declared_order():
+    d = Declaration.parse("t", "-- KEYS: a b\n-- ARGV: x\n-- ARGV: y ids...\n")
+    assert (d.keys, d.args, d.rest) == (("a", "b"), ("x", "y"), "ids")
+    assert d.bind("t", dict(y=2, b="kb", ids=["i1", "i2"], x=1, a="ka")) == (["ka", "kb"], [1, 2, "i1", "i2"])
+    assert "for i = 3, #ARGV do A.ids[#A.ids + 1] = ARGV[i] end" in d.prelude()
+
+
+def test_run_keys_fill_only_keys_named_like_them():
+    d = Declaration.parse("t", "-- KEYS: work lease events\n-- ARGV: work_ms\n")
+    k = keys.RunKeys("r")
+    assert d.bind("t", dict(lease="L", work_ms=5), k) == ([k.work, "L", k.events], [5])
+    assert d.bind("t", dict(lease="L", work_ms=5, events="mine"), k)[0][2] == "mine"  # explicit wins
+    with pytest.raises(ValueError, match=r"missing \['lease'\]"):  # RunKeys.lease is a method, not a key
+        d.bind("t", dict(work_ms=5), k)
+
+
+async def test_missing_or_unknown_name_is_refused_before_redis():
+    s = _script("lock_release")  # KEYS: lock  ARGV: owner; the client points at a closed port
+    with pytest.raises(ValueError, match=r"missing \['owner'\], unknown \[\]"):
+        await s(lock="k")
+    with pytest.raises(ValueError, match=r"missing \[\], unknown \['ttl_ms'\]"):
+        await s(lock="k", owner="me", ttl_ms=5)
+
+
+@pytest.mark.parametrize("header, error", [
+    ("-- nothing declared\nreturn {'ok'}", "declares no"),
+    ("-- KEYS: a a\n", "declared twice"),
+    ("-- KEYS: a\n-- ARGV: a\n", "declared twice"),
+    ("-- ARGV: rest... x\n", "bad names"),
+    ("-- KEYS: Work\n", "bad names"),
+])
+def test_bad_declarations(header, error):
+    with pytest.raises(ValueError, match=error):
+        Declaration.parse("t", header)
+
+
+@pytest.mark.parametrize("pipelined", [True, False])
+async def test_every_script_compiles_and_reloads_after_a_flush(redis_url, pipelined):
+    """SCRIPT LOAD compiles each assembled script in a real Redis; after SCRIPT FLUSH (a restart
+    loses them too) the next call loads it again, over either connection."""
+    from brigade.store import Store
+
+    store = Store(redis_url, pipelined=pipelined)
+    try:
+        for name in script_names():
+            sha = await store.redis.script_load(getattr(store.scripts, name).source)
+            assert sha == getattr(store.scripts, name).sha
+        await store.redis.script_flush()
+        lock = f"test-lock-{pipelined}"
+        assert await store.sweeps.lock_acquire(lock, "me", 5_000)
+        assert await store.sweeps.lock_renew(lock, "me", 5_000)  # NOSCRIPT, then loaded and run
+        assert not await store.sweeps.lock_release(lock, "someone else")
+        assert await store.sweeps.lock_release(lock, "me")
+    finally:
+        await store.close()
