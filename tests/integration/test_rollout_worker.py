@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from brigade import adapters, keys
-from brigade.bucket import NotFound, open_bucket, sha256_hex
+from brigade.bucket import ObjectNotFound, open_bucket, sha256_hex
 from brigade.engine.hf import HFEngine
 from brigade.model import attach_lora, completion_logprobs, load_base
 from brigade.queue import Queue
@@ -236,7 +236,7 @@ async def test_revoked_lease_stops_generation(env):
     await wait_for(lambda: asyncio.sleep(0, worker.stats["revoked"] == 1), 10, "the worker to drop the lease")
     assert time.monotonic() - t0 < 5  # the next heartbeat (every lease_seconds / 3) stopped it
     # nothing was uploaded for the revoked attempt; the worker took the requeued batch (attempt 2)
-    with pytest.raises(NotFound):
+    with pytest.raises(ObjectNotFound):
         await env.bucket.get(keys.rollout_key(run, f"{run}:0:0", 1))
     await wait_for(lambda: asyncio.sleep(0, worker._lease_stop is not None), 10, "the next lease")
     worker.stop()

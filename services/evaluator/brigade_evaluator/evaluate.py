@@ -32,7 +32,7 @@ async def _evaluate(run: str, version: int, bucket_url: str, redis_url: str) -> 
     import redis.asyncio as aioredis
 
     from brigade import adapters
-    from brigade.bucket import AlreadyExists, open_bucket
+    from brigade.bucket import ObjectExists, open_bucket
     from brigade.datasets import load_prompts
     from brigade.rewards import RewardSet, RqSandbox, reward_queue
     from brigade.v1 import brigade_pb2 as pb
@@ -80,7 +80,7 @@ async def _evaluate(run: str, version: int, bucket_url: str, redis_url: str) -> 
             }
             try:
                 await bucket.put_new(keys.eval_key(run, version), json.dumps(result, indent=2).encode())
-            except AlreadyExists:
+            except ObjectExists:
                 pass  # a retried job: the first result stands
         await r.hset(keys.RunKeys(run).evals, str(version), json.dumps(result))
         return result

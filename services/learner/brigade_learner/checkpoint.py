@@ -34,7 +34,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from brigade import adapters, keys
-from brigade.bucket import AlreadyExists, Bucket, BucketError, CorruptObject, NotFound, sha256_hex
+from brigade.bucket import Bucket, BucketError, CorruptObject, ObjectExists, ObjectNotFound, sha256_hex
 from brigade_learner.trainer import Trainer
 
 log = structlog.get_logger()
@@ -213,7 +213,7 @@ async def save(bucket: Bucket, run: str, step: int, files: dict[str, bytes]) -> 
         await bucket.put(folder + name, files[name])
     try:
         await bucket.put_new(folder + MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
-    except AlreadyExists:
+    except ObjectExists:
         if not await _same_as_existing(bucket, folder, listing):
             raise
     return manifest
@@ -223,7 +223,7 @@ async def _same_as_existing(bucket: Bucket, folder: str, listing: dict[str, Any]
     """False when there is no manifest; True when it lists exactly these files; else an error."""
     try:
         existing = json.loads(await bucket.get(folder + MANIFEST))
-    except NotFound:
+    except ObjectNotFound:
         return False
     if existing.get("files") != listing:
         raise CheckpointError(f"a different complete checkpoint already exists at {folder}; "
@@ -282,7 +282,7 @@ async def load_files(bucket: Bucket, run: str, step: int, attempts: int = READ_A
             await asyncio.sleep(0.5 * 2 ** (attempt - 1))
         try:
             manifest = json.loads(await bucket.get(folder + MANIFEST))
-        except NotFound:
+        except ObjectNotFound:
             return None
         except (CorruptObject, ValueError) as e:
             error = f"manifest is not JSON: {e}"
@@ -304,7 +304,7 @@ async def load_files(bucket: Bucket, run: str, step: int, attempts: int = READ_A
             if missing:
                 raise ValueError(f"manifest lacks {sorted(missing)}")
             return files
-        except (NotFound, ValueError, KeyError, TypeError, AttributeError) as e:  # damaged for good
+        except (ObjectNotFound, ValueError, KeyError, TypeError, AttributeError) as e:  # damaged for good
             log.warning("checkpoint_damaged", step=step, error=str(e)[:300])
             return None
         except CorruptObject as e:

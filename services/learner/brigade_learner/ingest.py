@@ -23,7 +23,7 @@ import structlog
 import torch
 
 from brigade import keys
-from brigade.bucket import Bucket, BucketError, CorruptObject, NotFound
+from brigade.bucket import Bucket, BucketError, CorruptObject, ObjectNotFound
 from brigade.rollout_format import InvalidRollout, Rollout, from_bytes
 from brigade.v1 import brigade_pb2 as pb
 
@@ -121,7 +121,7 @@ async def fetch(bucket: Bucket, pulled: pb.PulledRollout, run: str, vocab_size: 
         data = await bucket.get(m.uri, sha256=m.sha256)
     except CorruptObject as e:
         raise Rejected(CORRUPT, str(e)) from None
-    except NotFound as e:
+    except ObjectNotFound as e:
         raise Rejected(MISSING, str(e)) from None
     if m.size_bytes and len(data) != m.size_bytes:
         raise Rejected(CORRUPT, f"object is {len(data)} bytes, manifest says {m.size_bytes}")

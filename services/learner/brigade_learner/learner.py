@@ -26,7 +26,7 @@ import grpc
 import structlog
 
 from brigade import adapters, keys
-from brigade.bucket import AlreadyExists, Bucket, BucketError, open_bucket
+from brigade.bucket import Bucket, BucketError, ObjectExists, open_bucket
 from brigade.config import build_spec, spec_to_dict
 from brigade.rpc import ProxyClient, describe_rpc_error
 from brigade.v1 import brigade_pb2 as pb
@@ -273,7 +273,7 @@ class Learner:
         for m in metrics:
             try:
                 await self.bucket.put_new(keys.metrics_key(self.run_id, m["step"]), json.dumps(m, indent=1).encode())
-            except AlreadyExists:
+            except ObjectExists:
                 pass  # written before a crash; the step it describes is the same checkpointed step
 
     async def _proximal_adapters(self, rollouts) -> dict[int, dict]:

@@ -39,7 +39,7 @@ import torch
 
 from brigade import keys
 from brigade.adapters import InvalidAdapter
-from brigade.bucket import AlreadyExists, Bucket, CorruptObject, NotFound, open_bucket, sha256_hex
+from brigade.bucket import Bucket, CorruptObject, ObjectExists, ObjectNotFound, open_bucket, sha256_hex
 from brigade.engine.hf import Engine, Sample, Stopped, Throttled, make_engine
 from brigade.rewards import RewardSet, RqSandbox, reward_queue
 from brigade.rollout_format import Rollout
@@ -110,7 +110,7 @@ def rpc_retryable(e: BaseException) -> bool:
 
 def bucket_retryable(e: BaseException) -> bool:
     # missing, corrupt and create-only conflicts are answers, not outages
-    return not isinstance(e, (AlreadyExists, CorruptObject, NotFound, InvalidAdapter, ValueError, TypeError))
+    return not isinstance(e, (ObjectExists, CorruptObject, ObjectNotFound, InvalidAdapter, ValueError, TypeError))
 
 
 async def retry(what: str, fn: Callable[[], Awaitable[T]], retryable: Callable[[BaseException], bool],
@@ -358,7 +358,7 @@ class Worker:
         try:
             return await retry(f"fetching adapter v{version}", lambda: self.cache.get(version), bucket_retryable,
                                BUCKET_TIMEOUT_S)
-        except (NotFound, CorruptObject, InvalidAdapter) as e:
+        except (ObjectNotFound, CorruptObject, InvalidAdapter) as e:
             raise BatchError(f"adapter v{version} is unusable: {e}") from e
 
     async def _score(self, lease: pb.Lease, samples: list[Sample], completions: list[str]):
@@ -398,7 +398,7 @@ class Worker:
         try:
             return await retry(f"uploading {key}", lambda: self.bucket.put_new(key, data), bucket_retryable,
                                BUCKET_TIMEOUT_S)
-        except AlreadyExists:
+        except ObjectExists:
             existing = await retry(f"reading {key}", lambda: self.bucket.get(key), bucket_retryable, BUCKET_TIMEOUT_S)
             if sha256_hex(existing) == digest:
                 return digest
