@@ -40,7 +40,9 @@ import torch
 from brigade import keys
 from brigade.adapters import InvalidAdapter
 from brigade.bucket import Bucket, CorruptObject, ObjectExists, ObjectNotFound, open_bucket, sha256_hex
-from brigade.engine.hf import Engine, Sample, Stopped, Throttled, make_engine
+from brigade.engine import make_engine
+from brigade.engine.base import Engine, Sample, Stopped
+from brigade.engine.hf import Throttled
 from brigade.rewards import RewardSet, RqSandbox, reward_queue
 from brigade.rollout_format import Rollout
 from brigade.rpc import ProxyClient, describe_rpc_error
