@@ -21,6 +21,7 @@ from brigade.bucket import ObjectNotFound, open_bucket, sha256_hex
 from brigade.engine.hf import HFEngine
 from brigade.model import attach_lora, completion_logprobs, load_base
 from brigade.queue import Queue
+from brigade.retry import Backoff
 from brigade.rollout_format import from_bytes
 from brigade.rpc import ProxyClient
 from brigade.v1 import brigade_pb2 as pb
@@ -328,8 +329,8 @@ async def test_complete_is_retried_until_the_proxy_answers(env):
     w.client = type("C", (), {})()
     lease = pb.Lease(run_id="unused", lease_id="1-0", batch=pb.PromptBatch(batch_id="unused:0:0"))
     w.client.lease = Flaky(2, True)
-    orig = wmod.BACKOFF_BASE_S
-    wmod.BACKOFF_BASE_S = 0.01
+    orig = wmod.BACKOFF
+    wmod.BACKOFF = Backoff(base_s=0.01, cap_s=orig.cap_s)
     try:
         assert await w._complete(lease, pb.RolloutManifest()) is True   # the third try landed, as a duplicate
         assert w.client.lease.calls == 3
@@ -346,4 +347,4 @@ async def test_complete_is_retried_until_the_proxy_answers(env):
             await w._complete(lease, pb.RolloutManifest())
         assert w.client.lease.calls == 1
     finally:
-        wmod.BACKOFF_BASE_S = orig
+        wmod.BACKOFF = orig

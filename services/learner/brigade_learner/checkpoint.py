@@ -19,7 +19,6 @@ can never run code.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import random
 import re
@@ -35,6 +34,8 @@ from safetensors.torch import save as st_save
 
 from brigade import adapters, keys
 from brigade.bucket import Bucket, BucketError, CorruptObject, ObjectExists, ObjectNotFound, sha256_hex
+from brigade.retry import retry
+from brigade_learner.ingest import READ_BACKOFF
 from brigade_learner.trainer import Trainer
 
 log = structlog.get_logger()
@@ -274,47 +275,44 @@ async def load_files(bucket: Bucket, run: str, step: int, attempts: int = READ_A
     manifest is missing (a save that never finished) or the folder is damaged. A read that fails
     (torn body, sha256 mismatch in flight, an outage) is retried first; an outage that outlasts the
     retries raises: resuming from an older checkpoint instead would collide with this one."""
-    folder = keys.checkpoint_prefix(run, step)
-    error = ""
-    for attempt in range(attempts):
-        if attempt:
-            log.warning("checkpoint_read_retry", step=step, attempt=attempt, error=error[:300])
-            await asyncio.sleep(0.5 * 2 ** (attempt - 1))
-        try:
-            manifest = json.loads(await bucket.get(folder + MANIFEST))
-        except ObjectNotFound:
-            return None
-        except (CorruptObject, ValueError) as e:
-            error = f"manifest is not JSON: {e}"
-            continue
-        except BucketError as e:
-            if attempt == attempts - 1:
-                raise
-            error = str(e)
-            continue
-        try:
-            if manifest.get("format") != FORMAT or manifest.get("step") != step:
-                raise ValueError(f"manifest says format {manifest.get('format')!r} step {manifest.get('step')!r}")
-            files = {}
-            for name, info in manifest["files"].items():
-                if "/" in name or name.startswith("."):
-                    raise ValueError(f"manifest names a file outside its folder: {name!r}")
-                files[name] = await bucket.get(folder + name, sha256=info["sha256"])
-            missing = {ADAPTER, OPTIMIZER, RNG, CONFIG, STATE} - set(files)
-            if missing:
-                raise ValueError(f"manifest lacks {sorted(missing)}")
-            return files
-        except (ObjectNotFound, ValueError, KeyError, TypeError, AttributeError) as e:  # damaged for good
-            log.warning("checkpoint_damaged", step=step, error=str(e)[:300])
-            return None
-        except CorruptObject as e:
-            error = str(e)
-        except BucketError as e:
-            if attempt == attempts - 1:
-                raise
-            error = str(e)
-    log.warning("checkpoint_damaged", step=step, error=error[:300])
-    return None
+    def log_retry(attempt: int, delay: float, e: BaseException) -> None:
+        log.warning("checkpoint_read_retry", step=step, attempt=attempt, error=str(e)[:300])
+
+    try:
+        return await retry(lambda: _read_checkpoint(bucket, keys.checkpoint_prefix(run, step), step),
+                           retryable=lambda e: isinstance(e, BucketError), backoff=READ_BACKOFF, attempts=attempts,
+                           on_retry=log_retry)
+    except CorruptObject as e:  # corrupted on every read
+        log.warning("checkpoint_damaged", step=step, error=str(e)[:300])
+        return None
+
+
+async def _read_checkpoint(bucket: Bucket, folder: str, step: int) -> dict[str, bytes] | None:
+    """One read of the folder. A BucketError (CorruptObject included) may be the read's fault, not
+    the checkpoint's, so it is raised to be read again; what is damaged for good returns None."""
+    try:
+        raw = await bucket.get(folder + MANIFEST)
+    except ObjectNotFound:
+        return None
+    try:
+        manifest = json.loads(raw)
+    except ValueError as e:
+        raise CorruptObject(f"manifest is not JSON: {e}", key=folder + MANIFEST) from None
+    try:
+        if manifest.get("format") != FORMAT or manifest.get("step") != step:
+            raise ValueError(f"manifest says format {manifest.get('format')!r} step {manifest.get('step')!r}")
+        files = {}
+        for name, info in manifest["files"].items():
+            if "/" in name or name.startswith("."):
+                raise ValueError(f"manifest names a file outside its folder: {name!r}")
+            files[name] = await bucket.get(folder + name, sha256=info["sha256"])
+        missing = {ADAPTER, OPTIMIZER, RNG, CONFIG, STATE} - set(files)
+        if missing:
+            raise ValueError(f"manifest lacks {sorted(missing)}")
+        return files
+    except (ObjectNotFound, ValueError, KeyError, TypeError, AttributeError) as e:
+        log.warning("checkpoint_damaged", step=step, error=str(e)[:300])
+        return None
 
 
 async def latest(bucket: Bucket, run: str) -> tuple[int, dict[str, bytes]] | None:

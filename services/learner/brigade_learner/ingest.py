@@ -24,6 +24,7 @@ import torch
 
 from brigade import keys
 from brigade.bucket import Bucket, BucketError, CorruptObject, ObjectNotFound
+from brigade.retry import Backoff, retry
 from brigade.rollout_format import InvalidRollout, Rollout, from_bytes
 from brigade.v1 import brigade_pb2 as pb
 
@@ -156,6 +157,7 @@ class StepData:
 
 MAX_PENDING_PULL = 1000  # the proxy's cap on one PullRollouts
 FETCH_ATTEMPTS = 4       # transient bucket errors are retried with backoff, then the learner stops
+READ_BACKOFF = Backoff(base_s=0.5, cap_s=5.0)  # a rollout's, and a checkpoint file's (checkpoint.py)
 
 
 class Prefetcher:
@@ -237,18 +239,17 @@ class Prefetcher:
         if m.batch_id in self.consumed:
             await self._skip_duplicate(p)
             return None
-        for attempt in range(FETCH_ATTEMPTS):
-            try:
-                return await fetch(self._bucket, p, self.run, self.vocab_size)
-            except Rejected as e:
-                await self._reject(p, e)
-                return None
-            except (BucketError, OSError) as e:  # the store hiccuped: not the object's fault
-                if attempt == FETCH_ATTEMPTS - 1:
-                    raise
-                log.warning("rollout_fetch_retry", batch=m.batch_id, error=str(e)[:300])
-                await asyncio.sleep(0.5 * 2**attempt)
-        return None
+        def log_retry(attempt: int, delay: float, e: BaseException) -> None:
+            log.warning("rollout_fetch_retry", batch=m.batch_id, attempt=attempt, error=str(e)[:300])
+
+        try:
+            # the store hiccuped (not the object's fault): read again; a Rejected is an answer
+            return await retry(lambda: fetch(self._bucket, p, self.run, self.vocab_size),
+                               retryable=lambda e: isinstance(e, (BucketError, OSError)), backoff=READ_BACKOFF,
+                               attempts=FETCH_ATTEMPTS, on_retry=log_retry)
+        except Rejected as e:
+            await self._reject(p, e)
+            return None
 
     async def _reject(self, p: pb.PulledRollout, e: Rejected) -> None:
         m = p.manifest

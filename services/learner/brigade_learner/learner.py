@@ -28,6 +28,7 @@ import structlog
 from brigade import adapters, keys
 from brigade.bucket import Bucket, BucketError, ObjectExists, open_bucket
 from brigade.config import build_spec, spec_to_dict
+from brigade.retry import Backoff, retry
 from brigade.rpc import ProxyClient, describe_rpc_error
 from brigade.v1 import brigade_pb2 as pb
 from brigade_learner import checkpoint
@@ -43,6 +44,7 @@ T = TypeVar("T")
 DIE_PHASES = ("before_train", "after_train", "mid_checkpoint", "after_checkpoint", "after_adapter",
               "after_publish", "after_ack")
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+PROXY_BACKOFF = Backoff(base_s=0.2, cap_s=5.0)
 
 
 def _maybe_die(phase: str, step: int) -> None:
@@ -52,17 +54,12 @@ def _maybe_die(phase: str, step: int) -> None:
 
 
 async def retry_unavailable(what: str, fn: Callable[[], Awaitable[T]], target: str) -> T:
-    """A proxy restart or a network blip must not kill the learner: wait and call again."""
-    delay = 0.2
-    while True:
-        try:
-            return await fn()
-        except grpc.aio.AioRpcError as e:
-            if e.code() not in RETRYABLE:
-                raise
-            log.warning("proxy_unreachable", call=what, error=describe_rpc_error(e, target), retry_s=delay)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
+    """A proxy restart or a network blip must not kill the learner: wait and call again, forever."""
+    def log_retry(attempt: int, delay: float, e: BaseException) -> None:
+        log.warning("proxy_unreachable", call=what, error=describe_rpc_error(e, target), retry_s=round(delay, 2))
+
+    return await retry(fn, retryable=lambda e: isinstance(e, grpc.aio.AioRpcError) and e.code() in RETRYABLE,
+                       backoff=PROXY_BACKOFF, on_retry=log_retry)
 
 
 @dataclass

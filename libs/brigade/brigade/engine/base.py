@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import torch
+if TYPE_CHECKING:  # annotations only: the interface costs no torch import
+    import torch
 
-from brigade.v1 import brigade_pb2 as pb
+    from brigade.v1 import brigade_pb2 as pb
 
 StopFn = Callable[[], bool]
 
