@@ -23,6 +23,7 @@ import json
 import random
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +56,27 @@ class CheckpointError(ValueError):
 
 
 @dataclass
+class PendingAck:
+    """The AckRollouts of the steps since the last commit: sent after the commit's publish, and
+    saved in its checkpoint, so a restart replays it (the proxy treats a repeated ack as a no-op)."""
+
+    delivery_ids: list[str] = field(default_factory=list)
+    consumed: list[str] = field(default_factory=list)   # batch ids trained on
+    rejected: list[str] = field(default_factory=list)   # batch ids refused (empty: those are acked at once)
+
+    def add_trained(self, delivery_ids: list[str], batch_ids: list[str]) -> None:
+        self.delivery_ids += delivery_ids
+        self.consumed += batch_ids
+
+    def to_json(self) -> dict[str, list[str]]:
+        return {"delivery_ids": self.delivery_ids, "consumed": self.consumed, "rejected": self.rejected}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, list[str]]) -> PendingAck:
+        return cls(list(doc["delivery_ids"]), list(doc["consumed"]), list(doc["rejected"]))
+
+
+@dataclass
 class LearnerState:
     """What the service loop knows beyond the trainer's tensors."""
 
@@ -63,8 +85,7 @@ class LearnerState:
     #                               or the last one published before it when this step was not
     published: bool = False       # whether `step` publishes `version` (the tail to redo on resume)
     consumed: set[str] = field(default_factory=set)    # every batch id trained on so far
-    # the AckRollouts this checkpoint covers, replayed on resume (idempotent at the proxy)
-    ack: dict[str, list[str]] = field(default_factory=lambda: {"delivery_ids": [], "consumed": [], "rejected": []})
+    ack: PendingAck = field(default_factory=PendingAck)
     metrics: list[dict[str, Any]] = field(default_factory=list)  # per step since the last checkpoint
 
 
@@ -118,7 +139,7 @@ def encode(trainer: Trainer, state: LearnerState) -> dict[str, bytes]:
         "version": state.version,
         "published": state.published,
         "consumed": sorted(state.consumed),
-        "ack": state.ack,
+        "ack": state.ack.to_json(),
         "metrics": state.metrics,
         "scheduler": scheduler,
         "optimizer": {"param_groups": groups, "scalars": scalars, "state_params": sorted({index[i] for i in opt_state["state"]})},
@@ -191,7 +212,7 @@ def decode(trainer: Trainer, files: dict[str, bytes]) -> LearnerState:
 
     return LearnerState(
         step=doc["step"], version=doc["version"], published=doc["published"], consumed=set(doc["consumed"]),
-        ack=doc["ack"], metrics=doc["metrics"],
+        ack=PendingAck.from_json(doc["ack"]), metrics=doc["metrics"],
     )
 
 
@@ -201,10 +222,12 @@ def prefix(run: str) -> str:
     return keys.run_prefix(run) + "checkpoints/"
 
 
-async def save(bucket: Bucket, run: str, step: int, files: dict[str, bytes]) -> dict[str, Any]:
+async def save(bucket: Bucket, run: str, step: int, files: dict[str, bytes],
+               before_manifest: Callable[[], None] = lambda: None) -> dict[str, Any]:
     """Write the files, then the manifest. Files of an earlier, incomplete attempt at the same step
     are replaced (plain puts: without a manifest they are not a checkpoint); a complete checkpoint
-    is never touched: saving identical files again (a replayed step) is a no-op, different ones fail."""
+    is never touched: saving identical files again (a replayed step) is a no-op, different ones fail.
+    `before_manifest` runs between the two (the crash tests' "mid_checkpoint")."""
     folder = keys.checkpoint_prefix(run, step)
     listing = {name: {"sha256": sha256_hex(data), "size": len(data)} for name, data in files.items()}
     manifest = {"format": FORMAT, "run_id": run, "step": step, "files": listing}
@@ -212,6 +235,7 @@ async def save(bucket: Bucket, run: str, step: int, files: dict[str, bytes]) -> 
         return manifest
     for name in sorted(files):
         await bucket.put(folder + name, files[name])
+    before_manifest()
     try:
         await bucket.put_new(folder + MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
     except ObjectExists:
