@@ -15,7 +15,7 @@ from brigade.bucket import BucketError, open_bucket
 from brigade_learner import checkpoint
 from brigade_learner.checkpoint import LearnerState, PendingAck
 from brigade_learner.trainer import Trainer
-from brigade_testing.synthetic import build_tiny_model, make_rollout, tiny_spec
+from brigade_testing.tiny import make_rollout, tiny_model, tiny_spec
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -26,7 +26,7 @@ PROMPTS = torch.tensor([[0, 1, 6, 13, 7, 12], [1, 8, 13, 9, 12, 4]])
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+    return tiny_model(tmp_path_factory.mktemp("tiny") / "model", heads=4, tied=True, eos_boost=1.0)
 
 
 def trained(spec, steps: int = 2) -> Trainer:
