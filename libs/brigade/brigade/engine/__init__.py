@@ -6,8 +6,11 @@ optional vllm package and a CUDA GPU, which most processes importing this packag
 
 from __future__ import annotations
 
-from brigade.engine.base import Engine
-from brigade.v1 import brigade_pb2 as pb
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from brigade.engine.base import Engine
+    from brigade.v1 import brigade_pb2 as pb
 
 
 def make_engine(name: str, spec: pb.RunSpec, **kw) -> Engine:
