@@ -58,12 +58,13 @@ async def _bench(cfg: dict, beta: float) -> dict:
     from brigade.v1 import brigade_pb2 as pb
     from brigade_learner.ingest import Prefetcher
     from brigade_learner.trainer import Trainer
-    from brigade_testing.synthetic import build_tiny_model, scored_rollout, tiny_spec
+    from brigade_testing.tiny import scored_rollout, tiny_model, tiny_spec
 
     rounds, run = cfg["rounds"], "bench"
     with tempfile.TemporaryDirectory(prefix="brigade-bench-learner-") as tmp:
-        model_dir = build_tiny_model(Path(tmp) / "model", hidden=cfg["hidden"], layers=cfg["layers"],
-                                     heads=cfg["heads"], intermediate=cfg["intermediate"], vocab=cfg["vocab"])
+        model_dir = tiny_model(Path(tmp) / "model", hidden=cfg["hidden"], layers=cfg["layers"], heads=cfg["heads"],
+                               intermediate=cfg["intermediate"], vocab=cfg["vocab"], max_positions=256, tied=True,
+                               eos_boost=1.0)
         spec = tiny_spec(model_dir, run_id=run, lora={"rank": 16, "alpha": 32.0},
                          sampling={"group_size": cfg["group"], "max_new_tokens": cfg["completion_len"]},
                          grpo={"learning_rate": 1e-4, "beta": beta, "loss_agg": "dapo", "micro_batch_tokens": 4096},

@@ -145,7 +145,11 @@ def _generate_bench(rounds: int, prompts_n: int = 8, group: int = 8, max_new_tok
     from brigade_testing.tiny import tiny_model, tiny_spec
 
     with tempfile.TemporaryDirectory() as tmp:
-        spec = tiny_spec(tiny_model(Path(tmp) / "model", **MODEL_CONFIG),
+        c = MODEL_CONFIG  # the demo model's shape
+        model_dir = tiny_model(Path(tmp) / "model", hidden=c["hidden_size"], layers=c["num_hidden_layers"],
+                               heads=c["num_attention_heads"], intermediate=c["intermediate_size"],
+                               max_positions=c["max_position_embeddings"], tied=c["tie_word_embeddings"])
+        spec = tiny_spec(model_dir, seed=0, lora={"target_modules": ["q_proj", "v_proj"]},
                          sampling={"group_size": group, "max_new_tokens": max_new_tokens})
         model, tok = load_base(spec)
     engine = HFEngine(attach_lora(model, spec), tok)

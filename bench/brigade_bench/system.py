@@ -152,7 +152,7 @@ class DelayedEngine:
         self.inner.load_adapter(version, state)
 
     def generate(self, prompts, sampling, seed, adapter_version, should_stop):
-        from brigade.engine.hf import Stopped
+        from brigade.engine.base import Stopped
 
         t0 = time.time()
         out = self.inner.generate(prompts, sampling, seed, adapter_version, should_stop)
@@ -541,7 +541,7 @@ async def _learner_host(a: argparse.Namespace) -> None:
 
 
 async def _worker_host(a: argparse.Namespace) -> int:
-    from brigade.engine.hf import make_engine
+    from brigade.engine import make_engine
     from brigade.log import configure_logging
     from brigade.rpc import ProxyClient
     from brigade.v1 import brigade_pb2 as pb

@@ -15,11 +15,11 @@ import pytest
 from aiobotocore.session import get_session
 
 from brigade.bucket import (
-    AlreadyExists,
     Bucket,
     BucketError,
     CorruptObject,
-    NotFound,
+    ObjectExists,
+    ObjectNotFound,
     open_bucket,
     sha256_hex,
 )
@@ -128,7 +128,7 @@ async def test_put_overwrites_put_new_refuses(env: Env) -> None:
     await b.put("evals/v00000001.json", b"first")
     await b.put("evals/v00000001.json", b"second")
     assert await b.get("evals/v00000001.json") == b"second"
-    with pytest.raises(AlreadyExists) as info:
+    with pytest.raises(ObjectExists) as info:
         await b.put_new("evals/v00000001.json", b"third")
     assert "evals/v00000001.json" in str(info.value) and b.url("evals/v00000001.json") in str(info.value)
     assert info.value.key == "evals/v00000001.json"
@@ -139,7 +139,7 @@ async def test_put_overwrites_put_new_refuses(env: Env) -> None:
 async def test_put_new_refuses_large_objects_too(env: Env) -> None:
     first, second = random.randbytes(17 * MiB), random.randbytes(17 * MiB)
     digest = await env.bucket.put_new("checkpoints/step-00000001/optimizer.pt", first)
-    with pytest.raises(AlreadyExists):
+    with pytest.raises(ObjectExists):
         await env.bucket.put_new("checkpoints/step-00000001/optimizer.pt", second)
     assert await env.bucket.get("checkpoints/step-00000001/optimizer.pt", sha256=digest) == first
 
@@ -154,7 +154,7 @@ async def test_concurrent_put_new_exactly_one_wins(env: Env, size: int) -> None:
         da, db = random.randbytes(size), random.randbytes(size)
         results = await asyncio.gather(a.put_new(key, da), b.put_new(key, db), return_exceptions=True)
         winners = [r for r in results if isinstance(r, str)]
-        losers = [r for r in results if isinstance(r, AlreadyExists)]
+        losers = [r for r in results if isinstance(r, ObjectExists)]
         assert len(winners) == 1 and len(losers) == 1, results
         stored = await a.get(key, sha256=winners[0])
         assert stored == (da if results[0] == winners[0] else db)
@@ -191,12 +191,12 @@ async def test_list_order_prefix_and_pagination(env: Env) -> None:
 
 async def test_missing_keys(env: Env) -> None:
     b = env.bucket
-    with pytest.raises(NotFound) as info:
+    with pytest.raises(ObjectNotFound) as info:
         await b.get("adapters/v00000009/manifest.pb")
     assert b.url("adapters/v00000009/manifest.pb") in str(info.value)
-    with pytest.raises(NotFound):
+    with pytest.raises(ObjectNotFound):
         await b.get("adapters/v00000009/manifest.pb", sha256=sha256_hex(b""))
-    with pytest.raises(NotFound):
+    with pytest.raises(ObjectNotFound):
         async for _ in b.stream("adapters/v00000009/manifest.pb"):
             pass
     assert not await b.exists("adapters/v00000009/manifest.pb")
@@ -210,7 +210,7 @@ async def test_missing_keys(env: Env) -> None:
     # A key that is only a "folder" of other keys is not an object.
     await b.put("metrics/step-00000002.json", b"{}")
     assert not await b.exists("metrics")
-    with pytest.raises(NotFound):
+    with pytest.raises(ObjectNotFound):
         await b.get("metrics")
     await b.delete("metrics")  # not an object: nothing to delete, and its keys survive
     assert await b.list("metrics/") == ["metrics/step-00000002.json"]
@@ -309,7 +309,7 @@ async def test_local_many_concurrent_writers(file_bucket_url: str) -> None:
     )
     winners = [i for i, r in enumerate(results) if isinstance(r, str)]
     assert len(winners) == 1
-    assert all(isinstance(r, AlreadyExists) for i, r in enumerate(results) if i != winners[0])
+    assert all(isinstance(r, ObjectExists) for i, r in enumerate(results) if i != winners[0])
     assert await buckets[0].get("adapters/v00000001/x") == payloads[winners[0]]
     assert await buckets[0].list() == ["adapters/v00000001/x"]
 
@@ -321,7 +321,7 @@ async def test_s3_bucket_created_lazily(s3_bucket_url: str) -> None:
     async with open_bucket(s3_bucket_url) as b:
         assert await b.list() == []  # no bucket yet: nothing listed, no error
         assert not await b.exists("x")
-        with pytest.raises(NotFound):
+        with pytest.raises(ObjectNotFound):
             await b.get("x")
         assert await b.put_new("x", b"1") == sha256_hex(b"1")  # creates the bucket
         assert await b.get("x") == b"1"
@@ -338,7 +338,7 @@ async def test_s3_errors_are_bucket_errors(s3_endpoint: str) -> None:
         with pytest.raises(BucketError) as info:
             await b.put("k", b"x")
         assert "s3://ab/p" in str(info.value) and "InvalidBucketName" in str(info.value)
-        assert not isinstance(info.value, NotFound)
+        assert not isinstance(info.value, ObjectNotFound)
 
 
 # -- opening ----------------------------------------------------------------------------

@@ -13,9 +13,9 @@ from safetensors.torch import load as st_load
 from brigade import adapters, keys
 from brigade.bucket import BucketError, open_bucket
 from brigade_learner import checkpoint
-from brigade_learner.checkpoint import LearnerState
+from brigade_learner.checkpoint import LearnerState, PendingAck
 from brigade_learner.trainer import Trainer
-from brigade_testing.synthetic import build_tiny_model, make_rollout, tiny_spec
+from brigade_testing.tiny import make_rollout, tiny_model, tiny_spec
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -26,7 +26,7 @@ PROMPTS = torch.tensor([[0, 1, 6, 13, 7, 12], [1, 8, 13, 9, 12, 4]])
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+    return tiny_model(tmp_path_factory.mktemp("tiny") / "model", heads=4, tied=True, eos_boost=1.0)
 
 
 def trained(spec, steps: int = 2) -> Trainer:
@@ -73,7 +73,7 @@ async def test_round_trip_is_exact(model_dir, request, backend):
     random.seed(5)
     np.random.seed(6)
     state = LearnerState(step=2, version=2, published=True, consumed={"tiny:0:0", "tiny:0:1"},
-                         ack={"delivery_ids": ["1-0"], "consumed": ["tiny:0:1"], "rejected": []},
+                         ack=PendingAck(delivery_ids=["1-0"], consumed=["tiny:0:1"]),
                          metrics=[{"step": 2, "loss": 0.5}])
     files = checkpoint.encode(t, state)
     before = snapshot(t)

@@ -33,7 +33,7 @@ from brigade.v1 import brigade_pb2 as pb
 from brigade_cli.devservers import start_redis
 from brigade_learner import checkpoint
 from brigade_learner.trainer import Trainer
-from brigade_testing.synthetic import build_tiny_model, encode_prompts, make_rollout
+from brigade_testing.tiny import encode_prompts, make_rollout, tiny_model
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.timeout(240)]
 
@@ -157,7 +157,7 @@ async def test_learner_survives_sigkill_anywhere(tmp_path, redis_url, file_bucke
     from brigade_proxy.server import start_server
 
     run = f"kill-{os.getpid()}-{int(time.time())}"
-    model_dir = build_tiny_model(tmp_path / "model")
+    model_dir = tiny_model(tmp_path / "model", heads=4, tied=True, eos_boost=1.0)
     spec_path = write_spec(tmp_path, run, model_dir)
     server = await start_server(redis_url, "127.0.0.1:0", bucket_url=file_bucket_url)
     addr = f"127.0.0.1:{server.port}"
@@ -254,7 +254,7 @@ async def test_publish_and_checkpoint_every_two_steps_in_process(tmp_path, redis
     from brigade_proxy.server import start_server
 
     run = f"every2-{os.getpid()}-{int(time.time())}"
-    model_dir = build_tiny_model(tmp_path / "model")
+    model_dir = tiny_model(tmp_path / "model", heads=4, tied=True, eos_boost=1.0)
     spec_path = write_spec(tmp_path, run, model_dir, publish_every=2, checkpoint_every=2, max_steps=6,
                            adapter_payload="int8",
                            grpo={"learning_rate": 0.02, "recompute_logprobs": True, "tis_cap": 2.0})

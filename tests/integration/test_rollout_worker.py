@@ -17,9 +17,10 @@ import pytest
 import torch
 
 from brigade import adapters, keys
-from brigade.bucket import NotFound, open_bucket, sha256_hex
+from brigade.bucket import ObjectNotFound, open_bucket, sha256_hex
 from brigade.engine.hf import HFEngine
 from brigade.model import attach_lora, completion_logprobs, load_base
+from brigade.retry import Backoff
 from brigade.rollout_format import from_bytes
 from brigade.rpc import ProxyClient
 from brigade.store import Store
@@ -236,7 +237,7 @@ async def test_revoked_lease_stops_generation(env):
     await wait_for(lambda: asyncio.sleep(0, worker.stats["revoked"] == 1), 10, "the worker to drop the lease")
     assert time.monotonic() - t0 < 5  # the next heartbeat (every lease_seconds / 3) stopped it
     # nothing was uploaded for the revoked attempt; the worker took the requeued batch (attempt 2)
-    with pytest.raises(NotFound):
+    with pytest.raises(ObjectNotFound):
         await env.bucket.get(keys.rollout_key(run, f"{run}:0:0", 1))
     await wait_for(lambda: asyncio.sleep(0, worker._lease_stop is not None), 10, "the next lease")
     worker.stop()
@@ -328,8 +329,8 @@ async def test_complete_is_retried_until_the_proxy_answers(env):
     w.client = type("C", (), {})()
     lease = pb.Lease(run_id="unused", lease_id="1-0", batch=pb.PromptBatch(batch_id="unused:0:0"))
     w.client.lease = Flaky(2, True)
-    orig = wmod.BACKOFF_BASE_S
-    wmod.BACKOFF_BASE_S = 0.01
+    orig = wmod.BACKOFF
+    wmod.BACKOFF = Backoff(base_s=0.01, cap_s=orig.cap_s)
     try:
         assert await w._complete(lease, pb.RolloutManifest()) is True   # the third try landed, as a duplicate
         assert w.client.lease.calls == 3
@@ -346,4 +347,4 @@ async def test_complete_is_retried_until_the_proxy_answers(env):
             await w._complete(lease, pb.RolloutManifest())
         assert w.client.lease.calls == 1
     finally:
-        wmod.BACKOFF_BASE_S = orig
+        wmod.BACKOFF = orig

@@ -60,7 +60,7 @@ class _Inner:
 
 
 def test_delayed_engine_takes_the_simulated_time_and_honours_stop(tmp_path):
-    from brigade.engine.hf import Stopped
+    from brigade.engine.base import Stopped
 
     d = DelayModel(per_token_s=0.002, median_tokens=20, sigma=0.0, cap_tokens=40)   # 20 tokens: 40 ms x factor
     inner = _Inner()

@@ -79,7 +79,7 @@ def test_a_truncated_body_is_read_again_and_a_lasting_one_is_an_error(faulty, si
     """The headers promise N bytes, the connection dies after N/2: the bucket reads the object again.
     When every read is torn: a BucketError (never short data, never a CorruptObject, so nobody rejects
     a good object for it), and the worker's retry reads it once the connection heals."""
-    from brigade_rollout.worker import bucket_retryable, retry
+    from brigade_rollout.worker import bucket_retryable, with_retries
 
     data = os.urandom(size)
 
@@ -95,7 +95,7 @@ def test_a_truncated_body_is_read_again_and_a_lasting_one_is_an_error(faulty, si
         assert not isinstance(info.value, CorruptObject)
         assert "truncat" in str(info.value).lower() or "payload" in str(info.value).lower(), info.value
         faulty.faults.force = ["truncate"] * (READ_ATTEMPTS + 1)
-        got = await retry("get", lambda: bucket.get("r/x.bin", sha256=sha), bucket_retryable, 30)
+        got = await with_retries("get", lambda: bucket.get("r/x.bin", sha256=sha), bucket_retryable, 30)
         assert got == data and faulty.faults.force == []
 
     asyncio.run(_through(faulty, go))

@@ -16,7 +16,7 @@ from brigade.bucket import open_bucket
 from brigade_learner import checkpoint
 from brigade_learner.checkpoint import LearnerState
 from brigade_learner.trainer import Trainer
-from brigade_testing.synthetic import build_tiny_model, make_rollout, tiny_spec
+from brigade_testing.tiny import make_rollout, tiny_model, tiny_spec
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -51,7 +51,7 @@ def logits(trainer: Trainer) -> torch.Tensor:
 
 
 async def test_published_adapter_loads_in_a_fresh_process_with_peft(tmp_path, file_bucket_url):
-    model_dir = build_tiny_model(tmp_path / "model")
+    model_dir = tiny_model(tmp_path / "model", heads=4, tied=True, eos_boost=1.0)
     spec = tiny_spec(model_dir, grpo={"learning_rate": 0.05})
     trainer = Trainer.create(spec)
     base_logits = logits(trainer)

@@ -11,7 +11,7 @@ from brigade import adapters
 from brigade.bucket import open_bucket
 from brigade_learner.ingest import drop_nonfinite
 from brigade_learner.trainer import Trainer, micro_batches
-from brigade_testing.synthetic import build_tiny_model, make_rollout, tiny_spec
+from brigade_testing.tiny import make_rollout, tiny_model, tiny_spec
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -23,7 +23,7 @@ PROMPT_MASK = (PROMPTS != 0).long()
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+    return tiny_model(tmp_path_factory.mktemp("tiny") / "model", heads=4, tied=True, eos_boost=1.0)
 
 
 def rollout(trainer: Trainer, version: int = 0, seed: int = 0, batch: str = "tiny:0:0"):

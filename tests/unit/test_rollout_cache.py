@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from brigade import adapters, keys
-from brigade.bucket import CorruptObject, NotFound, open_bucket
+from brigade.bucket import CorruptObject, ObjectNotFound, open_bucket
 from brigade_rollout.adapter_cache import AdapterCache
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -73,7 +73,7 @@ async def test_corrupt_missing_and_mislabelled_versions(bucket):
         await cache.get(1)
     assert 1 not in cache
 
-    with pytest.raises(NotFound):
+    with pytest.raises(ObjectNotFound):
         await cache.get(7)
 
     # a manifest that claims another version is refused: the cache never serves a different version

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from brigade import adapters
-from brigade.engine.hf import HFEngine, Stopped, Throttled, WrongAdapter
+from brigade.engine.base import Stopped, WrongAdapter
+from brigade.engine.hf import HFEngine, Throttled
 from brigade.model import attach_lora, completion_logprobs, load_base, position_ids
 from brigade_testing.tiny import tiny_model, tiny_spec
 

@@ -22,7 +22,7 @@ HAS_VLLM = importlib.util.find_spec("vllm") is not None
 @pytest.fixture(scope="module")
 def spec(tmp_path_factory):
     d = tiny_model(tmp_path_factory.mktemp("tiny") / "model")
-    return tiny_spec(d, run_id="vrun", staleness={"max_staleness": 3},
+    return tiny_spec(d, run_id="vrun", staleness={"max_staleness": 3}, lora={"target_modules": ["q_proj", "v_proj"]},
                      sampling={"group_size": 6, "temperature": 0.9, "top_p": 0.95, "top_k": 0, "max_new_tokens": 17})
 
 

@@ -19,7 +19,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from brigade import keys
-from brigade.bucket import AlreadyExists, Bucket, sha256_hex
+from brigade.bucket import Bucket, ObjectExists, sha256_hex
 from brigade.v1 import brigade_pb2 as pb
 
 WEIGHTS = "adapter_model.safetensors"
@@ -123,7 +123,7 @@ async def write_version(
         manifest.files.add(name=name, sha256=digest, size_bytes=len(data))
     try:
         await bucket.put_new(prefix + MANIFEST, manifest.SerializeToString())
-    except AlreadyExists:
+    except ObjectExists:
         existing = pb.AdapterManifest.FromString(await bucket.get(prefix + MANIFEST))
         if [(f.name, f.sha256) for f in existing.files] != [(f.name, f.sha256) for f in manifest.files]:
             raise
@@ -134,7 +134,7 @@ async def write_version(
 async def _put_once(bucket: Bucket, key: str, data: bytes) -> str:
     try:
         return await bucket.put_new(key, data)
-    except AlreadyExists:
+    except ObjectExists:
         digest = sha256_hex(data)
         if sha256_hex(await bucket.get(key)) != digest:
             raise

@@ -30,7 +30,7 @@ def _engine(run: str, spec):
 
 async def _evaluate(run: str, version: int, bucket_url: str, redis_url: str) -> dict:
     from brigade import adapters
-    from brigade.bucket import AlreadyExists, open_bucket
+    from brigade.bucket import ObjectExists, open_bucket
     from brigade.datasets import load_prompts
     from brigade.rewards import RewardSet, RqSandbox, reward_queue
     from brigade.store import NotFound, Store
@@ -79,7 +79,7 @@ async def _evaluate(run: str, version: int, bucket_url: str, redis_url: str) -> 
             }
             try:
                 await bucket.put_new(keys.eval_key(run, version), json.dumps(result, indent=2).encode())
-            except AlreadyExists:
+            except ObjectExists:
                 pass  # a retried job: the first result stands
         await store.views.record_eval(run, version, json.dumps(result))
         return result

@@ -19,11 +19,11 @@ can never run code.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import random
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +34,9 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from brigade import adapters, keys
-from brigade.bucket import AlreadyExists, Bucket, BucketError, CorruptObject, NotFound, sha256_hex
+from brigade.bucket import Bucket, BucketError, CorruptObject, ObjectExists, ObjectNotFound, sha256_hex
+from brigade.retry import retry
+from brigade_learner.ingest import READ_BACKOFF
 from brigade_learner.trainer import Trainer
 
 log = structlog.get_logger()
@@ -54,6 +56,27 @@ class CheckpointError(ValueError):
 
 
 @dataclass
+class PendingAck:
+    """The AckRollouts of the steps since the last commit: sent after the commit's publish, and
+    saved in its checkpoint, so a restart replays it (the proxy treats a repeated ack as a no-op)."""
+
+    delivery_ids: list[str] = field(default_factory=list)
+    consumed: list[str] = field(default_factory=list)   # batch ids trained on
+    rejected: list[str] = field(default_factory=list)   # batch ids refused (empty: those are acked at once)
+
+    def add_trained(self, delivery_ids: list[str], batch_ids: list[str]) -> None:
+        self.delivery_ids += delivery_ids
+        self.consumed += batch_ids
+
+    def to_json(self) -> dict[str, list[str]]:
+        return {"delivery_ids": self.delivery_ids, "consumed": self.consumed, "rejected": self.rejected}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, list[str]]) -> PendingAck:
+        return cls(list(doc["delivery_ids"]), list(doc["consumed"]), list(doc["rejected"]))
+
+
+@dataclass
 class LearnerState:
     """What the service loop knows beyond the trainer's tensors."""
 
@@ -62,8 +85,7 @@ class LearnerState:
     #                               or the last one published before it when this step was not
     published: bool = False       # whether `step` publishes `version` (the tail to redo on resume)
     consumed: set[str] = field(default_factory=set)    # every batch id trained on so far
-    # the AckRollouts this checkpoint covers, replayed on resume (idempotent at the proxy)
-    ack: dict[str, list[str]] = field(default_factory=lambda: {"delivery_ids": [], "consumed": [], "rejected": []})
+    ack: PendingAck = field(default_factory=PendingAck)
     metrics: list[dict[str, Any]] = field(default_factory=list)  # per step since the last checkpoint
 
 
@@ -117,7 +139,7 @@ def encode(trainer: Trainer, state: LearnerState) -> dict[str, bytes]:
         "version": state.version,
         "published": state.published,
         "consumed": sorted(state.consumed),
-        "ack": state.ack,
+        "ack": state.ack.to_json(),
         "metrics": state.metrics,
         "scheduler": scheduler,
         "optimizer": {"param_groups": groups, "scalars": scalars, "state_params": sorted({index[i] for i in opt_state["state"]})},
@@ -190,7 +212,7 @@ def decode(trainer: Trainer, files: dict[str, bytes]) -> LearnerState:
 
     return LearnerState(
         step=doc["step"], version=doc["version"], published=doc["published"], consumed=set(doc["consumed"]),
-        ack=doc["ack"], metrics=doc["metrics"],
+        ack=PendingAck.from_json(doc["ack"]), metrics=doc["metrics"],
     )
 
 
@@ -200,10 +222,12 @@ def prefix(run: str) -> str:
     return keys.run_prefix(run) + "checkpoints/"
 
 
-async def save(bucket: Bucket, run: str, step: int, files: dict[str, bytes]) -> dict[str, Any]:
+async def save(bucket: Bucket, run: str, step: int, files: dict[str, bytes],
+               before_manifest: Callable[[], None] = lambda: None) -> dict[str, Any]:
     """Write the files, then the manifest. Files of an earlier, incomplete attempt at the same step
     are replaced (plain puts: without a manifest they are not a checkpoint); a complete checkpoint
-    is never touched: saving identical files again (a replayed step) is a no-op, different ones fail."""
+    is never touched: saving identical files again (a replayed step) is a no-op, different ones fail.
+    `before_manifest` runs between the two (the crash tests' "mid_checkpoint")."""
     folder = keys.checkpoint_prefix(run, step)
     listing = {name: {"sha256": sha256_hex(data), "size": len(data)} for name, data in files.items()}
     manifest = {"format": FORMAT, "run_id": run, "step": step, "files": listing}
@@ -211,9 +235,10 @@ async def save(bucket: Bucket, run: str, step: int, files: dict[str, bytes]) -> 
         return manifest
     for name in sorted(files):
         await bucket.put(folder + name, files[name])
+    before_manifest()
     try:
         await bucket.put_new(folder + MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
-    except AlreadyExists:
+    except ObjectExists:
         if not await _same_as_existing(bucket, folder, listing):
             raise
     return manifest
@@ -223,7 +248,7 @@ async def _same_as_existing(bucket: Bucket, folder: str, listing: dict[str, Any]
     """False when there is no manifest; True when it lists exactly these files; else an error."""
     try:
         existing = json.loads(await bucket.get(folder + MANIFEST))
-    except NotFound:
+    except ObjectNotFound:
         return False
     if existing.get("files") != listing:
         raise CheckpointError(f"a different complete checkpoint already exists at {folder}; "
@@ -274,47 +299,44 @@ async def load_files(bucket: Bucket, run: str, step: int, attempts: int = READ_A
     manifest is missing (a save that never finished) or the folder is damaged. A read that fails
     (torn body, sha256 mismatch in flight, an outage) is retried first; an outage that outlasts the
     retries raises: resuming from an older checkpoint instead would collide with this one."""
-    folder = keys.checkpoint_prefix(run, step)
-    error = ""
-    for attempt in range(attempts):
-        if attempt:
-            log.warning("checkpoint_read_retry", step=step, attempt=attempt, error=error[:300])
-            await asyncio.sleep(0.5 * 2 ** (attempt - 1))
-        try:
-            manifest = json.loads(await bucket.get(folder + MANIFEST))
-        except NotFound:
-            return None
-        except (CorruptObject, ValueError) as e:
-            error = f"manifest is not JSON: {e}"
-            continue
-        except BucketError as e:
-            if attempt == attempts - 1:
-                raise
-            error = str(e)
-            continue
-        try:
-            if manifest.get("format") != FORMAT or manifest.get("step") != step:
-                raise ValueError(f"manifest says format {manifest.get('format')!r} step {manifest.get('step')!r}")
-            files = {}
-            for name, info in manifest["files"].items():
-                if "/" in name or name.startswith("."):
-                    raise ValueError(f"manifest names a file outside its folder: {name!r}")
-                files[name] = await bucket.get(folder + name, sha256=info["sha256"])
-            missing = {ADAPTER, OPTIMIZER, RNG, CONFIG, STATE} - set(files)
-            if missing:
-                raise ValueError(f"manifest lacks {sorted(missing)}")
-            return files
-        except (NotFound, ValueError, KeyError, TypeError, AttributeError) as e:  # damaged for good
-            log.warning("checkpoint_damaged", step=step, error=str(e)[:300])
-            return None
-        except CorruptObject as e:
-            error = str(e)
-        except BucketError as e:
-            if attempt == attempts - 1:
-                raise
-            error = str(e)
-    log.warning("checkpoint_damaged", step=step, error=error[:300])
-    return None
+    def log_retry(attempt: int, delay: float, e: BaseException) -> None:
+        log.warning("checkpoint_read_retry", step=step, attempt=attempt, error=str(e)[:300])
+
+    try:
+        return await retry(lambda: _read_checkpoint(bucket, keys.checkpoint_prefix(run, step), step),
+                           retryable=lambda e: isinstance(e, BucketError), backoff=READ_BACKOFF, attempts=attempts,
+                           on_retry=log_retry)
+    except CorruptObject as e:  # corrupted on every read
+        log.warning("checkpoint_damaged", step=step, error=str(e)[:300])
+        return None
+
+
+async def _read_checkpoint(bucket: Bucket, folder: str, step: int) -> dict[str, bytes] | None:
+    """One read of the folder. A BucketError (CorruptObject included) may be the read's fault, not
+    the checkpoint's, so it is raised to be read again; what is damaged for good returns None."""
+    try:
+        raw = await bucket.get(folder + MANIFEST)
+    except ObjectNotFound:
+        return None
+    try:
+        manifest = json.loads(raw)
+    except ValueError as e:
+        raise CorruptObject(f"manifest is not JSON: {e}", key=folder + MANIFEST) from None
+    try:
+        if manifest.get("format") != FORMAT or manifest.get("step") != step:
+            raise ValueError(f"manifest says format {manifest.get('format')!r} step {manifest.get('step')!r}")
+        files = {}
+        for name, info in manifest["files"].items():
+            if "/" in name or name.startswith("."):
+                raise ValueError(f"manifest names a file outside its folder: {name!r}")
+            files[name] = await bucket.get(folder + name, sha256=info["sha256"])
+        missing = {ADAPTER, OPTIMIZER, RNG, CONFIG, STATE} - set(files)
+        if missing:
+            raise ValueError(f"manifest lacks {sorted(missing)}")
+        return files
+    except (ObjectNotFound, ValueError, KeyError, TypeError, AttributeError) as e:
+        log.warning("checkpoint_damaged", step=step, error=str(e)[:300])
+        return None
 
 
 async def latest(bucket: Bucket, run: str) -> tuple[int, dict[str, bytes]] | None:

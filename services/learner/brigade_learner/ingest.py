@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 import structlog
 import torch
 
-from brigade.bucket import Bucket, BucketError, CorruptObject, NotFound
+from brigade.bucket import Bucket, BucketError, CorruptObject, ObjectNotFound
+from brigade.retry import Backoff, retry
 from brigade.rollout_format import InvalidRollout, Rollout, from_bytes
 from brigade.store.checks import check_rollout_manifest
 from brigade.store.errors import InvalidArgument
@@ -116,7 +117,7 @@ async def fetch(bucket: Bucket, pulled: pb.PulledRollout, run: str, vocab_size: 
         data = await bucket.get(m.uri, sha256=m.sha256)
     except CorruptObject as e:
         raise Rejected(CORRUPT, str(e)) from None
-    except NotFound as e:
+    except ObjectNotFound as e:
         raise Rejected(MISSING, str(e)) from None
     if m.size_bytes and len(data) != m.size_bytes:
         raise Rejected(CORRUPT, f"object is {len(data)} bytes, manifest says {m.size_bytes}")
@@ -151,6 +152,7 @@ class StepData:
 
 MAX_PENDING_PULL = 1000  # the proxy's cap on one PullRollouts
 FETCH_ATTEMPTS = 4       # transient bucket errors are retried with backoff, then the learner stops
+READ_BACKOFF = Backoff(base_s=0.5, cap_s=5.0)  # a rollout's, and a checkpoint file's (checkpoint.py)
 
 
 class Prefetcher:
@@ -232,18 +234,17 @@ class Prefetcher:
         if m.batch_id in self.consumed:
             await self._skip_duplicate(p)
             return None
-        for attempt in range(FETCH_ATTEMPTS):
-            try:
-                return await fetch(self._bucket, p, self.run, self.vocab_size)
-            except Rejected as e:
-                await self._reject(p, e)
-                return None
-            except (BucketError, OSError) as e:  # the store hiccuped: not the object's fault
-                if attempt == FETCH_ATTEMPTS - 1:
-                    raise
-                log.warning("rollout_fetch_retry", batch=m.batch_id, error=str(e)[:300])
-                await asyncio.sleep(0.5 * 2**attempt)
-        return None
+        def log_retry(attempt: int, delay: float, e: BaseException) -> None:
+            log.warning("rollout_fetch_retry", batch=m.batch_id, attempt=attempt, error=str(e)[:300])
+
+        try:
+            # the store hiccuped (not the object's fault): read again; a Rejected is an answer
+            return await retry(lambda: fetch(self._bucket, p, self.run, self.vocab_size),
+                               retryable=lambda e: isinstance(e, (BucketError, OSError)), backoff=READ_BACKOFF,
+                               attempts=FETCH_ATTEMPTS, on_retry=log_retry)
+        except Rejected as e:
+            await self._reject(p, e)
+            return None
 
     async def _reject(self, p: pb.PulledRollout, e: Rejected) -> None:
         m = p.manifest

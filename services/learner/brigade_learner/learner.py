@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import time
 from collections.abc import Awaitable, Callable
@@ -26,43 +25,31 @@ import grpc
 import structlog
 
 from brigade import adapters, keys
-from brigade.bucket import AlreadyExists, Bucket, BucketError, open_bucket
+from brigade.bucket import Bucket, BucketError, ObjectExists, open_bucket
+from brigade.retry import Backoff, retry
 from brigade.rpc import ProxyClient, describe_rpc_error
 from brigade.spec_file import build_spec, spec_to_dict
 from brigade.v1 import brigade_pb2 as pb
 from brigade_learner import checkpoint
-from brigade_learner.checkpoint import LearnerState
+from brigade_learner.checkpoint import LearnerState, PendingAck
+from brigade_learner.crash import CrashPoints
 from brigade_learner.ingest import Prefetcher, StepData, manifest_dollars
 from brigade_learner.trainer import Trainer
 
 log = structlog.get_logger()
 T = TypeVar("T")
 
-# Fault injection for the crash tests: BRIGADE_LEARNER_DIE_AT="<phase>@<step>" makes the process
-# SIGKILL itself at that point of that step (phases in the order they happen below).
-DIE_PHASES = ("before_train", "after_train", "mid_checkpoint", "after_checkpoint", "after_adapter",
-              "after_publish", "after_ack")
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-
-
-def _maybe_die(phase: str, step: int) -> None:
-    if os.environ.get("BRIGADE_LEARNER_DIE_AT") == f"{phase}@{step}":
-        log.warning("fault_injection_kill", phase=phase, step=step)
-        os.kill(os.getpid(), signal.SIGKILL)
+PROXY_BACKOFF = Backoff(base_s=0.2, cap_s=5.0)
 
 
 async def retry_unavailable(what: str, fn: Callable[[], Awaitable[T]], target: str) -> T:
-    """A proxy restart or a network blip must not kill the learner: wait and call again."""
-    delay = 0.2
-    while True:
-        try:
-            return await fn()
-        except grpc.aio.AioRpcError as e:
-            if e.code() not in RETRYABLE:
-                raise
-            log.warning("proxy_unreachable", call=what, error=describe_rpc_error(e, target), retry_s=delay)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
+    """A proxy restart or a network blip must not kill the learner: wait and call again, forever."""
+    def log_retry(attempt: int, delay: float, e: BaseException) -> None:
+        log.warning("proxy_unreachable", call=what, error=describe_rpc_error(e, target), retry_s=round(delay, 2))
+
+    return await retry(fn, retryable=lambda e: isinstance(e, grpc.aio.AioRpcError) and e.code() in RETRYABLE,
+                       backoff=PROXY_BACKOFF, on_retry=log_retry)
 
 
 @dataclass
@@ -91,6 +78,7 @@ class Learner:
         self._published_files: tuple[dict[str, bytes], float] | None = None
         self._proximal: dict[int, dict] = {}  # decoded adapter versions, for recompute_logprobs
         self._pruning: asyncio.Task | None = None   # checkpoint retention, beside the next step
+        self.crash = CrashPoints.from_env()
         self.prefetch = Prefetcher(self._pull, self._ack_now, bucket, self.run_id, trainer.vocab_size,
                                    want=spec.batches_per_step, consumed=self.state.consumed,
                                    max_staleness=spec.staleness.max_staleness)
@@ -113,6 +101,13 @@ class Learner:
                                     rejected_batch_ids=rejected, step=step, learner_id=self.cfg.learner_id,
                                     metrics_json=metrics_json)
         await self._call("AckRollouts", lambda: self.client.learner.AckRollouts(req, timeout=30))
+
+    async def _ack_pending(self, step: int) -> None:
+        """Ack what the steps up to `step` trained on, with the last step's metrics for the proxy."""
+        s = self.state
+        last = json.dumps(s.metrics[-1]) if s.metrics else ""
+        await self._ack(s.ack.delivery_ids, s.ack.consumed, s.ack.rejected, step, last)
+        s.ack, s.metrics = PendingAck(), []
 
     async def _ack_now(self, delivery_ids: list[str], rejected: list[str]) -> None:
         """Rejections and duplicates are final: ack them at once (not with the next step), or they
@@ -169,10 +164,7 @@ class Learner:
                                                     self.spec.adapter_payload, quant_error)
             await self._publish(manifest)
         await self._write_metrics(s.metrics)
-        last = json.dumps(s.metrics[-1]) if s.metrics else ""
-        await self._ack(s.ack["delivery_ids"], s.ack["consumed"], s.ack["rejected"], s.step, last)
-        s.ack = {"delivery_ids": [], "consumed": [], "rejected": []}
-        s.metrics = []
+        await self._ack_pending(s.step)
 
     # ------------------------------------------------------------ the loop
 
@@ -203,18 +195,17 @@ class Learner:
         s, spec = self.state, self.spec
         data = await self.prefetch.take(s.version)
         step = s.step + 1
-        _maybe_die("before_train", step)
+        self.crash.at("before_train", step)
         rollouts = [a.rollout for a in data.accepted]
         proximal = await self._proximal_adapters(rollouts) if spec.grpo.recompute_logprobs else None
         train = await asyncio.to_thread(self.trainer.train_step, rollouts, proximal)
-        _maybe_die("after_train", step)
+        self.crash.at("after_train", step)
         trained_at, version_used = time.monotonic(), s.version
 
         ids = [a.batch_id for a in data.accepted]
         s.step = step
         s.consumed.update(ids)
-        s.ack["delivery_ids"] += [a.delivery_id for a in data.accepted]
-        s.ack["consumed"] += ids
+        s.ack.add_trained([a.delivery_id for a in data.accepted], ids)
         final = step == self.max_steps
         s.published = step % spec.publish_every == 0 or final
         if s.published:
@@ -230,24 +221,20 @@ class Learner:
         """checkpoint -> adapter version -> PublishAdapter -> metrics -> AckRollouts."""
         s = self.state
         files = await asyncio.to_thread(checkpoint.encode, self.trainer, s)
-        if os.environ.get("BRIGADE_LEARNER_DIE_AT") == f"mid_checkpoint@{step}":
-            await self.bucket.put(keys.checkpoint_prefix(self.run_id, step) + checkpoint.STATE, files[checkpoint.STATE])
-            _maybe_die("mid_checkpoint", step)
-        await checkpoint.save(self.bucket, self.run_id, step, files)
+        await checkpoint.save(self.bucket, self.run_id, step, files,
+                              before_manifest=lambda: self.crash.at("mid_checkpoint", step))
         self.durable_step = step
-        _maybe_die("after_checkpoint", step)
+        self.crash.at("after_checkpoint", step)
         if s.published:
             payload, quant_error = self._published_files
             manifest = await adapters.write_version(self.bucket, self.run_id, s.version, step, payload,
                                                     self.spec.adapter_payload, quant_error)
-            _maybe_die("after_adapter", step)
+            self.crash.at("after_adapter", step)
             await self._publish(manifest)
-            _maybe_die("after_publish", step)
+            self.crash.at("after_publish", step)
         await self._write_metrics(s.metrics)
-        await self._ack(s.ack["delivery_ids"], s.ack["consumed"], s.ack["rejected"], step, json.dumps(s.metrics[-1]))
-        _maybe_die("after_ack", step)
-        s.ack = {"delivery_ids": [], "consumed": [], "rejected": []}
-        s.metrics = []
+        await self._ack_pending(step)
+        self.crash.at("after_ack", step)
         self._prune_in_background()
 
     def _prune_in_background(self) -> None:
@@ -273,7 +260,7 @@ class Learner:
         for m in metrics:
             try:
                 await self.bucket.put_new(keys.metrics_key(self.run_id, m["step"]), json.dumps(m, indent=1).encode())
-            except AlreadyExists:
+            except ObjectExists:
                 pass  # written before a crash; the step it describes is the same checkpointed step
 
     async def _proximal_adapters(self, rollouts) -> dict[int, dict]:

@@ -162,7 +162,7 @@ class Proxy:
         """run.pb and the prompt set, create-only; an identical object already there is fine."""
         if self.bucket is None:
             return
-        from brigade.bucket.base import AlreadyExists as BucketAlreadyExists
+        from brigade.bucket import ObjectExists
 
         if not self._ensured:
             try:
@@ -174,7 +174,7 @@ class Proxy:
         for key, data in ((keys.run_spec_key(run), spec_bytes), (keys.prompts_key(run), prompts_bytes)):
             try:
                 await self.bucket.put_new(key, data)
-            except BucketAlreadyExists:
+            except ObjectExists:
                 if await self.bucket.get(key) != data:
                     raise AlreadyExists(f"the bucket already holds a different {key} (from an earlier run with "
                                         f"this id?); pick a new run_id") from None

@@ -39,8 +39,11 @@ import torch
 
 from brigade import keys
 from brigade.adapters import InvalidAdapter
-from brigade.bucket import AlreadyExists, Bucket, CorruptObject, NotFound, open_bucket, sha256_hex
-from brigade.engine.hf import Engine, Sample, Stopped, Throttled, make_engine
+from brigade.bucket import Bucket, CorruptObject, ObjectExists, ObjectNotFound, open_bucket, sha256_hex
+from brigade.engine import make_engine
+from brigade.engine.base import Engine, Sample, Stopped
+from brigade.engine.hf import Throttled
+from brigade.retry import Backoff, retry
 from brigade.rewards import RewardSet, RqSandbox, reward_queue
 from brigade.rollout_format import Rollout
 from brigade.rpc import ProxyClient, describe_rpc_error
@@ -52,7 +55,7 @@ log = structlog.get_logger()
 
 RPC_TIMEOUT_S = 15.0       # one try of a unary call
 BUCKET_TIMEOUT_S = 120.0   # one try of a bucket operation
-BACKOFF_BASE_S, BACKOFF_CAP_S = 0.2, 15.0
+BACKOFF = Backoff(base_s=0.2, cap_s=15.0)  # full jitter, so restarting workers spread out
 COMMIT_GRACE_S = 5.0       # a signal during upload/complete waits this long before giving up the batch
 FATAL_CODES = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
                grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNIMPLEMENTED}
@@ -95,11 +98,6 @@ class BatchError(Exception):
     """This batch cannot be done here; FailLease(ERROR) and move on."""
 
 
-def backoff_s(attempt: int) -> float:
-    """Full jitter: uniform in [0, min(cap, base * 2^attempt)], so restarting workers spread out."""
-    return random.uniform(0, min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** min(attempt, 20)))
-
-
 def rpc_retryable(e: BaseException) -> bool:
     if isinstance(e, grpc.aio.AioRpcError):
         if e.code() in FATAL_CODES:
@@ -110,23 +108,17 @@ def rpc_retryable(e: BaseException) -> bool:
 
 def bucket_retryable(e: BaseException) -> bool:
     # missing, corrupt and create-only conflicts are answers, not outages
-    return not isinstance(e, (AlreadyExists, CorruptObject, NotFound, InvalidAdapter, ValueError, TypeError))
+    return not isinstance(e, (ObjectExists, CorruptObject, ObjectNotFound, InvalidAdapter, ValueError, TypeError))
 
 
-async def retry(what: str, fn: Callable[[], Awaitable[T]], retryable: Callable[[BaseException], bool],
-                timeout_s: float) -> T:
-    attempt = 0
-    while True:
-        try:
-            return await asyncio.wait_for(fn(), timeout_s)
-        except Exception as e:
-            if not retryable(e):
-                raise
-            delay = backoff_s(attempt)
-            attempt += 1
-            msg = describe_rpc_error(e) if isinstance(e, grpc.aio.AioRpcError) else f"{type(e).__name__}: {e}"
-            log.warning(f"{what} failed; retrying", attempt=attempt, retry_in_s=round(delay, 2), error=msg)
-            await asyncio.sleep(delay)
+async def with_retries(what: str, fn: Callable[[], Awaitable[T]], retryable: Callable[[BaseException], bool],
+                       timeout_s: float) -> T:
+    """The worker's policy: each try bounded by `timeout_s`, for as long as the process lives."""
+    def log_retry(attempt: int, delay: float, e: BaseException) -> None:
+        msg = describe_rpc_error(e) if isinstance(e, grpc.aio.AioRpcError) else f"{type(e).__name__}: {e}"
+        log.warning(f"{what} failed; retrying", attempt=attempt, retry_in_s=round(delay, 2), error=msg)
+
+    return await retry(fn, retryable=retryable, backoff=BACKOFF, timeout_s=timeout_s, on_retry=log_retry)
 
 
 # ---------------------------------------------------------------- the rollout object
@@ -239,8 +231,9 @@ class Worker:
     async def _setup(self) -> None:
         cfg = self.cfg
         self.client = ProxyClient.connect(cfg.proxy, cfg.token, cfg.tls_ca)
-        state = await retry("GetRun", lambda: self.client.runs.GetRun(pb.RunRef(run_id=cfg.run), timeout=RPC_TIMEOUT_S),
-                            rpc_retryable, RPC_TIMEOUT_S + 1)
+        state = await with_retries(
+            "GetRun", lambda: self.client.runs.GetRun(pb.RunRef(run_id=cfg.run), timeout=RPC_TIMEOUT_S),
+            rpc_retryable, RPC_TIMEOUT_S + 1)
         self.spec = spec = state.spec
         self.bucket = open_bucket(cfg.bucket)
         self.cache = AdapterCache(self.bucket, cfg.run, capacity=spec.staleness.max_staleness + 2)
@@ -281,8 +274,9 @@ class Worker:
         while not self._stopping.is_set() and (cfg.max_batches == 0 or done < cfg.max_batches):
             req = pb.AcquireLeaseRequest(run_id=cfg.run, worker_id=cfg.worker_id, capacity_class=cfg.capacity_class,
                                          price_per_hour=cfg.price_per_hour, engine=cfg.engine)
-            resp = await retry("AcquireLease", lambda req=req: self.client.lease.AcquireLease(req, timeout=RPC_TIMEOUT_S),
-                               rpc_retryable, RPC_TIMEOUT_S + 1)
+            resp = await with_retries(
+                "AcquireLease", lambda req=req: self.client.lease.AcquireLease(req, timeout=RPC_TIMEOUT_S),
+                rpc_retryable, RPC_TIMEOUT_S + 1)
             if not resp.granted:
                 if resp.reason == "finished" and cfg.exit_when_finished:
                     self.log.info("run finished; exiting", batches=done)
@@ -347,7 +341,7 @@ class Worker:
             self.stats["failed"] += 1
             blog.error("batch failed", error=f"{type(e).__name__}: {e}", exc_info=not isinstance(e, BatchError))
             await self._fail(lease, pb.FailLeaseRequest.ERROR, f"{type(e).__name__}: {e}", blog)
-            await asyncio.sleep(backoff_s(3))  # a broken setup should not spin through the queue
+            await asyncio.sleep(BACKOFF.delay(3))  # a broken setup should not spin through the queue
             return False
         finally:
             hb.cancel()
@@ -356,9 +350,9 @@ class Worker:
 
     async def _adapter(self, version: int):
         try:
-            return await retry(f"fetching adapter v{version}", lambda: self.cache.get(version), bucket_retryable,
-                               BUCKET_TIMEOUT_S)
-        except (NotFound, CorruptObject, InvalidAdapter) as e:
+            return await with_retries(f"fetching adapter v{version}", lambda: self.cache.get(version),
+                                      bucket_retryable, BUCKET_TIMEOUT_S)
+        except (ObjectNotFound, CorruptObject, InvalidAdapter) as e:
             raise BatchError(f"adapter v{version} is unusable: {e}") from e
 
     async def _score(self, lease: pb.Lease, samples: list[Sample], completions: list[str]):
@@ -396,10 +390,11 @@ class Worker:
         lost leaves the same bytes (a batch attempt is deterministic), which is fine."""
         digest = sha256_hex(data)
         try:
-            return await retry(f"uploading {key}", lambda: self.bucket.put_new(key, data), bucket_retryable,
-                               BUCKET_TIMEOUT_S)
-        except AlreadyExists:
-            existing = await retry(f"reading {key}", lambda: self.bucket.get(key), bucket_retryable, BUCKET_TIMEOUT_S)
+            return await with_retries(f"uploading {key}", lambda: self.bucket.put_new(key, data),
+                                      bucket_retryable, BUCKET_TIMEOUT_S)
+        except ObjectExists:
+            existing = await with_retries(f"reading {key}", lambda: self.bucket.get(key), bucket_retryable,
+                                          BUCKET_TIMEOUT_S)
             if sha256_hex(existing) == digest:
                 return digest
             if must_match:
@@ -415,8 +410,9 @@ class Worker:
                 grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED))
 
         try:
-            resp = await retry("CompleteLease", lambda: self.client.lease.CompleteLease(req, timeout=RPC_TIMEOUT_S),
-                               retryable, RPC_TIMEOUT_S + 1)
+            resp = await with_retries(
+                "CompleteLease", lambda: self.client.lease.CompleteLease(req, timeout=RPC_TIMEOUT_S),
+                retryable, RPC_TIMEOUT_S + 1)
         except grpc.aio.AioRpcError as e:
             if e.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND):
                 # expired or revoked while we uploaded: the batch is already back in the queue
@@ -468,7 +464,7 @@ class Worker:
                 raise
             except Exception as e:  # the stream broke (proxy restart): resubscribe after the last event seen
                 self.log.debug("WatchRun ended; resubscribing", error=repr(e)[:200])
-            await asyncio.sleep(backoff_s(attempt))
+            await asyncio.sleep(BACKOFF.delay(attempt))
             attempt += 1
 
 

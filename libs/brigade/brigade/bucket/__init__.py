@@ -11,14 +11,14 @@ import os
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from .base import AlreadyExists, Bucket, BucketError, CorruptObject, NotFound, sha256_hex
+from .base import Bucket, BucketError, CorruptObject, ObjectExists, ObjectNotFound, sha256_hex
 
 __all__ = [
-    "AlreadyExists",
     "Bucket",
     "BucketError",
     "CorruptObject",
-    "NotFound",
+    "ObjectExists",
+    "ObjectNotFound",
     "open_bucket",
     "sha256_hex",
 ]

@@ -34,11 +34,11 @@ class BucketError(Exception):
         super().__init__(f"{message}{where}")
 
 
-class AlreadyExists(BucketError):
+class ObjectExists(BucketError):
     """A create-only put found the key already written."""
 
 
-class NotFound(BucketError):
+class ObjectNotFound(BucketError):
     """The key (or the bucket itself) does not exist."""
 
 
@@ -182,7 +182,7 @@ class Bucket(abc.ABC):
 
     @abc.abstractmethod
     async def put_new(self, key: str, data: bytes) -> str:
-        """Write `data` at `key` only if nothing is there (AlreadyExists otherwise)."""
+        """Write `data` at `key` only if nothing is there (ObjectExists otherwise)."""
 
     @abc.abstractmethod
     async def get(self, key: str, sha256: str | None = None) -> bytes:
@@ -190,7 +190,7 @@ class Bucket(abc.ABC):
 
     @abc.abstractmethod
     def stream(self, key: str, chunk_size: int = CHUNK_SIZE) -> AsyncIterator[bytes]:
-        """Read `key` in chunks of at most `chunk_size` bytes (NotFound if missing)."""
+        """Read `key` in chunks of at most `chunk_size` bytes (ObjectNotFound if missing)."""
 
     @abc.abstractmethod
     async def exists(self, key: str) -> bool: ...

@@ -18,10 +18,10 @@ from pathlib import Path
 from .base import (
     CHUNK_SIZE,
     TEMP_MARKER,
-    AlreadyExists,
     Bucket,
     BucketError,
-    NotFound,
+    ObjectExists,
+    ObjectNotFound,
     check_key,
     check_prefix,
 )
@@ -57,7 +57,7 @@ class LocalBucket(Bucket):
         digest = hashlib.sha256(data).hexdigest()
         if create_only and path.exists():
             # Cheap early exit; the link below is what actually guarantees create-only.
-            raise AlreadyExists("key already exists", key=key, uri=self.url(key))
+            raise ObjectExists("key already exists", key=key, uri=self.url(key))
         # Unique per writer, in the same folder (rename/link must not cross filesystems).
         tmp = path.parent / f"{TEMP_MARKER}{uuid.uuid4().hex}-{path.name}"
         try:
@@ -96,7 +96,7 @@ class LocalBucket(Bucket):
         try:
             os.link(tmp, path)
         except FileExistsError as e:
-            raise AlreadyExists("key already exists", key=key, uri=self.url(key)) from e
+            raise ObjectExists("key already exists", key=key, uri=self.url(key)) from e
         except OSError as e:
             if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
                 raise
@@ -106,7 +106,7 @@ class LocalBucket(Bucket):
             try:
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             except FileExistsError as e2:
-                raise AlreadyExists("key already exists", key=key, uri=self.url(key)) from e2
+                raise ObjectExists("key already exists", key=key, uri=self.url(key)) from e2
             with os.fdopen(fd, "wb") as out, open(tmp, "rb") as src:
                 while block := src.read(CHUNK_SIZE * 8):
                     out.write(block)
@@ -127,7 +127,7 @@ class LocalBucket(Bucket):
             with open(path, "rb") as f:
                 data = f.read()
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as e:
-            raise NotFound("no such key", key=key, uri=self.url(key)) from e
+            raise ObjectNotFound("no such key", key=key, uri=self.url(key)) from e
         except OSError as e:
             raise BucketError(f"read failed: {e}", key=key, uri=self.url(key)) from e
         return data, hashlib.sha256(data).hexdigest() if want_digest else ""
@@ -137,7 +137,7 @@ class LocalBucket(Bucket):
         try:
             f = await asyncio.to_thread(open, path, "rb")
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as e:
-            raise NotFound("no such key", key=key, uri=self.url(key)) from e
+            raise ObjectNotFound("no such key", key=key, uri=self.url(key)) from e
         except OSError as e:
             raise BucketError(f"read failed: {e}", key=key, uri=self.url(key)) from e
         try:

@@ -23,11 +23,11 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from .base import (
     CHUNK_SIZE,
-    AlreadyExists,
     Bucket,
     BucketError,
     IncrementalHasher,
-    NotFound,
+    ObjectExists,
+    ObjectNotFound,
     check_key,
     check_prefix,
     sha256_hex,
@@ -254,7 +254,7 @@ class S3Bucket(Bucket):
             msg = e.response.get("Error", {}).get("Message", "")
             detail = f"{op}: {_code(e)} (HTTP {_status(e)}) {msg}".rstrip()
             if _is_not_found(e):
-                return NotFound(detail, key=key, uri=uri)
+                return ObjectNotFound(detail, key=key, uri=uri)
             return BucketError(detail, key=key, uri=uri)
         return BucketError(f"{op}: {type(e).__name__}: {e}", key=key, uri=uri)
 
@@ -325,7 +325,7 @@ class S3Bucket(Bucket):
         if create_only and await self.exists(key):
             # Fail before uploading every part just to have the completion refused. Only a
             # shortcut: the conditional CompleteMultipartUpload is what guarantees it.
-            raise AlreadyExists("key already exists (create-only put refused)", key=key, uri=self.url(key))
+            raise ObjectExists("key already exists (create-only put refused)", key=key, uri=self.url(key))
         # Parts are signed one by one, so the whole-object digest is ours to compute: in a
         # thread, alongside the part uploads.
         digest = start_sha256(data)
@@ -379,7 +379,7 @@ class S3Bucket(Bucket):
                 raise self._error(e, key, op) from e
 
     async def _raise_exists(self, key: str, data: bytes, e: ClientError) -> None:
-        """Raise AlreadyExists for a failed create-only write, unless the failure is an echo
+        """Raise ObjectExists for a failed create-only write, unless the failure is an echo
         of our own success: botocore retried the request (the first attempt reached the
         store but its answer was lost), and the stored bytes are exactly ours."""
         if _retried(e):
@@ -389,7 +389,7 @@ class S3Bucket(Bucket):
                 stored = None
             if stored is not None and sha256_hex(stored) == sha256_hex(data):
                 return
-        raise AlreadyExists("key already exists (create-only put refused)", key=key, uri=self.url(key)) from e
+        raise ObjectExists("key already exists (create-only put refused)", key=key, uri=self.url(key)) from e
 
     async def _put_multipart(self, key: str, data: bytes, create_only: bool) -> None:
         s3 = await self._s3()

@@ -1,7 +1,4 @@
-"""Generation engines behind one small interface.
-
-    engine.load_adapter(version, state)       # state None = version 0 (the fresh LoRA)
-    engine.generate(prompts, sampling, seed, adapter_version, should_stop) -> list[Sample]
+"""The `hf` engine (its interface is `brigade.engine.base`).
 
 `hf` is transformers' `generate` on the PEFT model (CPU or GPU). Its behaviour log-probs are those
 of the distribution actually sampled: temperature, top-k and top-p run as our own logits processors
@@ -22,46 +19,15 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, StoppingCriteria
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from brigade.adapters import adapter_state, apply
+from brigade.engine.base import Engine, Sample, StopFn, Stopped, WrongAdapter
 from brigade.model import attach_lora, load_base, pick_device, position_ids
 from brigade.v1 import brigade_pb2 as pb
-
-StopFn = Callable[[], bool]
-
-
-class Stopped(Exception):
-    """Generation was stopped from outside (lease revoked or lost, worker shutting down)."""
-
-
-class WrongAdapter(RuntimeError):
-    """Asked to generate with a version other than the loaded one: never silently serve another."""
-
-
-@dataclass
-class Sample:
-    group: int                  # index of the prompt within the batch
-    prompt_ids: list[int]       # unpadded
-    completion_ids: list[int]   # generated tokens up to and including eos
-    logprobs: list[float]       # behaviour log-prob of each completion token
-    finished: bool              # ended with eos (else cut at max_new_tokens)
-
-
-class Engine(Protocol):
-    name: str
-    tokenizer: object
-    version: int | None
-
-    def load_adapter(self, version: int, state: dict[str, torch.Tensor] | None) -> None: ...
-
-    def generate(self, prompts: list[str], sampling: pb.SamplingSpec, seed: int, adapter_version: int,
-                 should_stop: StopFn) -> list[Sample]: ...
-
 
 # ---------------------------------------------------------------- hf
 
@@ -239,12 +205,3 @@ class Throttled:
             self._sleep(min(left, 0.05))
         return out
 
-
-def make_engine(name: str, spec: pb.RunSpec, **kw) -> Engine:
-    if name == "hf":
-        return HFEngine.from_spec(spec, **kw)
-    if name == "vllm":
-        from brigade.engine.vllm import VLLMEngine
-
-        return VLLMEngine.from_spec(spec, **kw)
-    raise ValueError(f"unknown engine {name!r}; use hf or vllm")

@@ -31,7 +31,7 @@ import structlog
 import torch
 from safetensors.torch import save_file
 
-from brigade.engine.hf import Sample, StopFn, Stopped, WrongAdapter
+from brigade.engine.base import Sample, StopFn, Stopped, WrongAdapter
 from brigade.model import resolve_model
 from brigade.v1 import brigade_pb2 as pb
 
