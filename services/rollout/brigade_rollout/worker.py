@@ -40,7 +40,7 @@ import torch
 from brigade import keys
 from brigade.adapters import InvalidAdapter
 from brigade.bucket import AlreadyExists, Bucket, CorruptObject, NotFound, open_bucket, sha256_hex
-from brigade.engine.hf import Engine, Sample, Stopped, Throttled, make_engine
+from brigade.engine.hf import Engine, Sample, Stopped, make_engine
 from brigade.rewards import RewardSet, RqSandbox, reward_queue
 from brigade.rollout_format import Rollout
 from brigade.rpc import ProxyClient, describe_rpc_error
@@ -77,7 +77,6 @@ class WorkerConfig:
     engine: str = "hf"
     max_batches: int = 0            # 0 = forever
     exit_when_finished: bool = False
-    speed_factor: float = 1.0       # >1 simulates a slower device (engines.Throttled)
     device: str = ""                # overrides spec.device
     redis_url: str = ""             # rq queue for sandboxed rewards
     reward_workers: bool = True     # start a local rq worker for them
@@ -262,8 +261,6 @@ class Worker:
             except (RuntimeError, ValueError, OSError, ImportError) as e:  # no vllm/GPU, bad model path, ...
                 raise FatalError(f"cannot start the {cfg.engine} engine for model {spec.model!r}: {e}") from e
             self.log.info("engine ready", engine=cfg.engine, model=spec.model, seconds=round(time.monotonic() - t0, 2))
-        if cfg.speed_factor != 1.0:
-            self.engine = Throttled(self.engine, cfg.speed_factor)
 
     async def _close(self) -> None:
         for closer in (self.cache and self.cache.close, self.rewards and self.rewards.close,
