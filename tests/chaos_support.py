@@ -459,7 +459,7 @@ class System(LocalSystem):
         history: list[str] = []
         saved = {k: os.environ.get(k) for k in MOTO_ENV}
         os.environ.update(MOTO_ENV)
-        bucket = S3Bucket(self.bucket_url, endpoint_url=self.moto.url)
+        bucket = S3Bucket(self.bucket, endpoint_url=self.moto.url)
         try:
             steps = await checkpoint.steps(bucket, self.run)
             trainer = await asyncio.to_thread(Trainer.create, self.spec)
