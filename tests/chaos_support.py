@@ -1,9 +1,11 @@
 """A whole brigade system as real processes, for the chaos and fault tests (not a test module).
 
-`System` starts a redis-server (append-only file on), moto's S3 server (optionally behind the
-fault-injecting proxy of `faulty_s3`), `brigade proxy`, `brigade janitor`, `brigade learner` and N
-`brigade rollout` workers, each its own process with its own log, and lets a test kill (SIGKILL),
-restart, freeze (SIGSTOP) any of them. A `BucketWatcher` thread records the sha256 of every
+`System`, a `brigade_cli.system.LocalSystem`, starts a redis-server (append-only file on), moto's
+S3 server (optionally behind the fault-injecting proxy of `faulty_s3`), `brigade proxy`, `brigade
+janitor`, `brigade learner` and N rollout workers (`brigade rollout`, or the slow worker host of
+`brigade_testing.slow_worker`), each its own process with its own log, and lets a test kill
+(SIGKILL), restart, freeze (SIGSTOP) any of them; every worker restart is a new worker id. It
+records what the test did in events.json. A `BucketWatcher` thread records the sha256 of every
 write-once object (adapter versions, complete checkpoints' manifests, rollout objects) the moment
 it appears, so overwriting any of them later is caught. `System.audit()` reads Redis and the
 bucket after the run and accounts for every batch ever cut.
@@ -194,7 +196,7 @@ class System(LocalSystem):
         # every checkpoint is kept: the audit reads the learner's whole lineage from them
         self.spawn("learner", ["learner", "--run", self.run, "--spec", str(spec_path), "--keep-checkpoints", "0"])
         for i in range(self.n_workers):
-            self.start_worker(i)
+            self.spawn(f"rollout-{i}", *self._worker_life(i))
 
     def spawn(self, name: str, args: list[str], module: str = "brigade_cli.main") -> Service:
         self.note("start", name)
@@ -210,9 +212,6 @@ class System(LocalSystem):
         if self.services[name].alive():
             self.note("kill", name)
         super().kill(name, sig)
-
-    def start_worker(self, i: int) -> Service:
-        return self.spawn(f"rollout-{i}", *self._worker_life(i))
 
     def _worker_life(self, i: int) -> tuple[list[str], str]:
         """Arguments and module of worker slot i's next life: each is a new machine with a new worker

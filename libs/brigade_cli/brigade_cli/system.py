@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -167,7 +168,8 @@ class LocalSystem:
     def restart(self, name: str, args: list[str] | None = None) -> Service:
         """Start a dead service again (its log and counts go on), with new arguments if given."""
         svc = self.services[name]
-        assert not svc.alive(), f"{name} is still running"
+        if svc.alive():
+            raise RuntimeError(f"{name} is still running")
         svc.args = svc.args if args is None else args
         return self._launch(svc)
 
@@ -195,7 +197,7 @@ class LocalSystem:
         run_each([self.stop_services, self.moto and self.moto.stop, self.redis and self.redis.stop])
 
 
-def run_each(steps) -> None:
+def run_each(steps: Iterable[Callable[[], object] | None]) -> None:
     """Run every step (None: skipped) even if an earlier one failed, so no server is leaked; then
     raise the first error."""
     errors = []
