@@ -1,9 +1,11 @@
 """A whole brigade system as real processes, for the chaos and fault tests (not a test module).
 
-`System` starts a redis-server (append-only file on), moto's S3 server (optionally behind the
-fault-injecting proxy of `faulty_s3`), `brigade proxy`, `brigade janitor`, `brigade learner` and N
-`brigade rollout` workers, each its own process with its own log, and lets a test kill (SIGKILL),
-restart, freeze (SIGSTOP) any of them. A `BucketWatcher` thread records the sha256 of every
+`System`, a `brigade_cli.system.LocalSystem`, starts a redis-server (append-only file on), moto's
+S3 server (optionally behind the fault-injecting proxy of `faulty_s3`), `brigade proxy`, `brigade
+janitor`, `brigade learner` and N rollout workers (`brigade rollout`, or the slow worker host of
+`brigade_testing.slow_worker`), each its own process with its own log, and lets a test kill
+(SIGKILL), restart, freeze (SIGSTOP) any of them; every worker restart is a new worker id. It
+records what the test did in events.json. A `BucketWatcher` thread records the sha256 of every
 write-once object (adapter versions, complete checkpoints' manifests, rollout objects) the moment
 it appears, so overwriting any of them later is caught. `System.audit()` reads Redis and the
 bucket after the run and accounts for every batch ever cut.
@@ -16,13 +18,11 @@ import hashlib
 import json
 import os
 import signal
-import sys
 import threading
 import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +32,8 @@ import yaml
 from brigade import keys
 from brigade.spec_file import build_spec, spec_to_dict
 from brigade.v1 import brigade_pb2 as pb
-from brigade_cli.devservers import MOTO_ENV, ServerProcess, free_port, start_moto, start_redis, wait_for_port
-from brigade_cli.up import Child
+from brigade_cli.devservers import MOTO_ENV
+from brigade_cli.system import LocalSystem, Service, run_each
 
 TOKEN = "chaos-token"
 
@@ -137,187 +137,98 @@ class BucketWatcher(threading.Thread):
 # ---------------------------------------------------------------- processes
 
 
-@dataclass
-class Service:
-    name: str
-    args: list[str]
-    child: Child
-    kills: int = 0
-    starts: int = 1
-    worker_id: str = ""
-    exits: list[int] = field(default_factory=list)   # return codes of earlier lives (not killed by us)
-
-    @property
-    def proc(self):
-        return self.child.proc
-
-    def alive(self) -> bool:
-        return self.child.alive()
+def clean_env() -> dict[str, str]:
+    """This process's environment without the caller's BRIGADE_* and AWS_* settings (the system sets
+    its own), one thread per process."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("BRIGADE_", "AWS_")) or k == "BRIGADE_CACHE"}
+    return env | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+                  "PYTHONWARNINGS": "ignore", "PYTHONDONTWRITEBYTECODE": "1"}
 
 
-class System:
-    """One run, every service a process. Use as a context manager (everything is stopped on exit)."""
+class System(LocalSystem):
+    """One run, every service a process, on moto's S3 (behind the fault-injecting proxy when given
+    `faults`). Use as a context manager (everything is stopped on exit)."""
 
     def __init__(self, workdir: Path, spec: pb.RunSpec, *, workers: int = 3, faults=None, token: str = TOKEN,
                  janitor_interval: float = 0.5, worker_args: dict[int, list[str]] | None = None):
-        self.workdir = Path(workdir)
-        self.logs = self.workdir / "logs"
-        self.logs.mkdir(parents=True, exist_ok=True)
-        self.spec = spec
-        self.run = spec.run_id
-        self.n_workers = workers
-        self.worker_args = worker_args or {}          # extra flags per worker slot
-        self.faults = faults                       # a faulty_s3.Faults, or None for a clean path
-        self.token = token
-        self.janitor_interval = janitor_interval
         self.bucket_name = f"chaos-{uuid.uuid4().hex[:10]}"
         self.bucket_root = "root"
-        self.bucket_url = f"s3://{self.bucket_name}/{self.bucket_root}"
-        self.services: dict[str, Service] = {}
+        super().__init__(workdir, appendonly=True, s3=True, bucket=f"s3://{self.bucket_name}/{self.bucket_root}",
+                         token=token, run=spec.run_id, env=clean_env())
+        self.spec = spec
+        self.n_workers = workers
+        # slot -> flags of a slow worker host (brigade_testing.slow_worker) in place of `brigade rollout`
+        self.worker_args = worker_args or {}
+        self.faults = faults                       # a faulty_s3.Faults, or None for a clean path
+        self.janitor_interval = janitor_interval
         self.worker_gen: Counter = Counter()
+        self.worker_ids: dict[str, str] = {}       # service name -> the worker id of its current life
         self.events: list[dict] = []               # what the test did, with times
-        self.redis: ServerProcess | None = None
-        self.moto: ServerProcess | None = None
         self.faulty = None
         self.watcher: BucketWatcher | None = None
-        self.proxy_port = free_port()
         self.t0 = time.monotonic()
         self._log_pos: dict[str, int] = {}
 
     # ------------------------------------------------------------ start / stop
 
     @property
-    def proxy_addr(self) -> str:
-        return f"127.0.0.1:{self.proxy_port}"
-
-    @property
     def s3_endpoint(self) -> str:
         """What the services use (the faulty proxy when there is one)."""
         return self.faulty.url if self.faulty is not None else self.moto.url
-
-    def env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        for k in list(env):
-            if k.startswith(("BRIGADE_", "AWS_")) and k != "BRIGADE_CACHE":
-                env.pop(k)
-        env.update(MOTO_ENV)
-        env.update(AWS_ENDPOINT_URL=self.s3_endpoint, BRIGADE_LOG_FORMAT="json", BRIGADE_TOKEN=self.token,
-                   OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
-                   PYTHONWARNINGS="ignore", PYTHONDONTWRITEBYTECODE="1")
-        return env
 
     def start(self) -> None:
         from brigade.model import resolve_model
 
         resolve_model("demo")  # build once (cached), before several processes race to do it
-        self.redis = start_redis(self.workdir / "redis", appendonly=True)
-        self.moto = start_moto()
+        self.start_servers()
         if self.faults is not None:
             from faulty_s3 import start_in_thread
 
             self.faulty = start_in_thread(self.moto.url, self.faults)
-        spec_path = self.workdir / "run.yaml"
+        spec_path = self.root / "run.yaml"
         spec_path.write_text(yaml.safe_dump(spec_to_dict(self.spec), sort_keys=False))
-        self.spawn("proxy", ["proxy", "--listen", self.proxy_addr, "--redis-url", self.redis.url,
-                             "--bucket", self.bucket_url])
-        wait_for_port(self.proxy_port, timeout=60, proc=self.services["proxy"].proc)
-        self.create_run()
+        self.start_proxy()
+        self.create_run(self.spec)
         self.watcher = BucketWatcher(self.moto.url, self.bucket_name, self.bucket_root, self.run)
         self.watcher.start()
-        self.spawn("janitor", ["janitor", "--redis-url", self.redis.url, "--interval", str(self.janitor_interval),
-                               "--lock-ttl-ms", "2000"])
+        self.spawn("janitor", ["janitor", "--interval", str(self.janitor_interval), "--lock-ttl-ms", "2000"])
         # every checkpoint is kept: the audit reads the learner's whole lineage from them
-        self.spawn("learner", ["learner", "--proxy", self.proxy_addr, "--bucket", self.bucket_url, "--run", self.run,
-                               "--spec", str(spec_path), "--keep-checkpoints", "0"])
+        self.spawn("learner", ["learner", "--run", self.run, "--spec", str(spec_path), "--keep-checkpoints", "0"])
         for i in range(self.n_workers):
-            self.start_worker(i)
+            self.spawn(f"rollout-{i}", *self._worker_life(i))
 
-    def create_run(self, timeout: float = 60) -> None:
-        from brigade.datasets import load_prompts
-        from brigade.rpc import ProxyClient
-
-        async def go() -> None:
-            async with ProxyClient.connect(self.proxy_addr, self.token) as client:
-                deadline = time.monotonic() + timeout
-                while True:
-                    try:
-                        await client.runs.CreateRun(pb.CreateRunRequest(
-                            spec=self.spec, prompts=load_prompts(self.spec.dataset), exist_ok=True), timeout=20)
-                        return
-                    except Exception:
-                        if time.monotonic() > deadline:
-                            raise
-                        await asyncio.sleep(0.3)
-
-        asyncio.run(go())
-
-    def spawn(self, name: str, args: list[str]) -> Service:
-        child = Child(name, [sys.executable, "-m", "brigade_cli.main", *args], self.logs / f"{name}.log")
-        child.start(self.env())
-        svc = Service(name, args, child)
-        self.services[name] = svc
+    def spawn(self, name: str, args: list[str], module: str = "brigade_cli.main") -> Service:
         self.note("start", name)
-        return svc
+        return super().spawn(name, args, module)
 
-    def start_worker(self, i: int) -> Service:
-        """Worker slot i; each start is a new machine with a new worker id (as a new spot VM would be)."""
+    def restart(self, name: str, args: list[str] | None = None) -> Service:
+        self.note("start", name)
+        if name.startswith("rollout-"):
+            args, _ = self._worker_life(int(name.split("-")[1]))
+        return super().restart(name, args)
+
+    def kill(self, name: str, sig: signal.Signals = signal.SIGKILL) -> None:
+        if self.services[name].alive():
+            self.note("kill", name)
+        super().kill(name, sig)
+
+    def _worker_life(self, i: int) -> tuple[list[str], str]:
+        """Arguments and module of worker slot i's next life: each is a new machine with a new worker
+        id (as a new spot VM would be)."""
         self.worker_gen[i] += 1
-        wid = f"w{i}-{self.worker_gen[i]}"
-        name = f"rollout-{i}"
-        args = ["rollout", "--proxy", self.proxy_addr, "--bucket", self.bucket_url, "--run", self.run,
-                "--worker-id", wid, "--exit-when-finished", "--price-per-hour", "0.5", *self.worker_args.get(i, [])]
-        old = self.services.get(name)
-        svc = self.spawn(name, args)
-        if old is not None:
-            svc.kills, svc.starts, svc.exits = old.kills, old.starts + 1, old.exits
-        svc.worker_id = wid
-        return svc
+        wid = self.worker_ids[f"rollout-{i}"] = f"w{i}-{self.worker_gen[i]}"
+        if i in self.worker_args:
+            return (["--runs", self.run, "--worker-id", wid, "--price-per-hour", "0.5", *self.worker_args[i]],
+                    "brigade_testing.slow_worker")
+        return (["rollout", "--run", self.run, "--worker-id", wid, "--exit-when-finished", "--price-per-hour", "0.5"],
+                "brigade_cli.main")
 
     def note(self, what: str, name: str, **info: Any) -> None:
         self.events.append({"t": round(time.monotonic() - self.t0, 2), "what": what, "service": name, **info})
 
-    def kill(self, name: str) -> None:
-        """SIGKILL: no handler runs, nothing is flushed, the process is simply gone."""
-        svc = self.services[name]
-        if svc.alive():
-            svc.proc.send_signal(signal.SIGKILL)
-            svc.proc.wait()
-            svc.kills += 1
-            self.note("kill", name)
-
-    def restart(self, name: str) -> Service:
-        svc = self.services[name]
-        assert not svc.alive(), f"{name} is still running"
-        if svc.proc is not None and svc.proc.returncode != -signal.SIGKILL:
-            svc.exits.append(svc.proc.returncode)
-        if name.startswith("rollout-"):
-            return self.start_worker(int(name.split("-")[1]))
-        new = self.spawn(name, svc.args)
-        new.kills, new.starts, new.exits = svc.kills, svc.starts + 1, svc.exits
-        if name == "proxy":
-            wait_for_port(self.proxy_port, timeout=60, proc=new.proc)
-        return new
-
-    def freeze(self, names: list[str]) -> None:
-        for n in names:
-            if self.services[n].alive():
-                self.services[n].proc.send_signal(signal.SIGSTOP)
-
-    def thaw(self, names: list[str]) -> None:
-        for n in names:
-            if self.services[n].alive():
-                self.services[n].proc.send_signal(signal.SIGCONT)
-
     def worker_names(self) -> list[str]:
         return sorted(n for n in self.services if n.startswith("rollout-"))
-
-    def stop_all(self) -> None:
-        for name in sorted(self.services, key=lambda n: {"rollout": 0, "learner": 1, "janitor": 2, "proxy": 3}
-                           .get(n.split("-")[0], 0)):
-            svc = self.services[name]
-            if svc.alive():
-                svc.proc.send_signal(signal.SIGCONT)
-            svc.child.stop(timeout=10)
 
     def close(self) -> None:
         """Stop everything; each step runs even if an earlier one failed (no server is leaked)."""
@@ -326,30 +237,13 @@ class System:
                 self.watcher._halt.set()
                 self.watcher.join(5)
 
-        steps = [lambda: (self.workdir / "events.json").write_text(json.dumps(self.events, indent=1)),
-                 self.stop_all, stop_watcher,
-                 lambda: self.faulty is not None and self.faulty.stop(),
-                 lambda: self.moto is not None and self.moto.stop(),
-                 lambda: self.redis is not None and self.redis.stop()]
-        errors = []
-        for step in steps:
-            try:
-                step()
-            except Exception as e:  # noqa: BLE001 - report after the rest is stopped
-                errors.append(e)
-        if errors:
-            raise errors[0]
-
-    def __enter__(self) -> System:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+        run_each([lambda: (self.root / "events.json").write_text(json.dumps(self.events, indent=1)),
+                  self.stop_services, stop_watcher, self.faulty and self.faulty.stop, super().close])
 
     # ------------------------------------------------------------ observing
 
     def r(self) -> redis.Redis:
-        return redis.Redis.from_url(self.redis.url, socket_timeout=10)
+        return redis.Redis.from_url(self.redis_url, socket_timeout=10)
 
     def log_events(self, name: str, new_only: bool = True) -> list[dict]:
         """JSON log lines of a service (every life: the log is appended to)."""
@@ -423,12 +317,12 @@ class System:
         for w in self.worker_names():
             svc = self.services[w]
             if svc.alive():  # still importing torch when the run ended: it would exit at its first lease call
-                svc.child.stop(timeout=10)
+                svc.stop(timeout=10)
             elif svc.proc.returncode != 0:
                 raise AssertionError(f"{w} exited {svc.proc.returncode}; log tail:\n"
                                      f"{(self.logs / f'{w}.log').read_text()[-3000:]}")
         for name in ("janitor", "proxy"):
-            self.services[name].child.stop(timeout=10)
+            self.services[name].stop(timeout=10)
             assert self.services[name].proc.returncode == 0, f"{name} did not stop cleanly"
 
     # ------------------------------------------------------------ the audit
@@ -564,7 +458,7 @@ class System:
         history: list[str] = []
         saved = {k: os.environ.get(k) for k in MOTO_ENV}
         os.environ.update(MOTO_ENV)
-        bucket = S3Bucket(self.bucket_url, endpoint_url=self.moto.url)
+        bucket = S3Bucket(self.bucket, endpoint_url=self.moto.url)
         try:
             steps = await checkpoint.steps(bucket, self.run)
             trainer = await asyncio.to_thread(Trainer.create, self.spec)

@@ -6,7 +6,7 @@ heterogeneous fleet, in the same benchmark.
 Fleet: 4 rollout workers with speed factors 1, 1, 1 and 3 (one straggler three times slower) and
 long-tailed completion lengths, batches_per_step = 4 (sync: one batch per worker per step). On a
 2-core machine the device speeds are simulated by a per-token delay around the real engine
-(`system.DelayedEngine`: the batch takes per_token_ms x factor x its longest completion in tokens,
+(`brigade_testing.slow_engine`: the batch takes per_token_ms x factor x its longest completion in tokens,
 a capped lognormal draw seeded by the batch), so the schedule, not CPU contention, decides the
 result. Everything else is real: the demo model generates, rewards are scored, rollouts go through
 the bucket, the proxy leases, the janitor sweeps, the learner trains, checkpoints and publishes.
@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 from brigade_bench import system
-from brigade_bench.system import DelayModel
+from brigade_testing.slow_engine import DelayModel
 
 FACTORS = (1.0, 1.0, 1.0, 3.0)
 BATCHES_PER_STEP = 4

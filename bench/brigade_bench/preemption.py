@@ -27,7 +27,7 @@ from pathlib import Path
 
 from brigade_bench import system
 from brigade_bench.fleet import BATCHES_PER_STEP, fleet_spec, out_dir_default
-from brigade_bench.system import DelayModel
+from brigade_testing.slow_engine import DelayModel
 
 WORKERS = 4
 FULL = dict(steps=40, kill_every_s=8.0, lease_seconds=8, per_token_ms=25.0, learner_margin=0.6, timeout_s=600)
@@ -128,10 +128,8 @@ def run(quick: bool = False, out_dir: str | Path | None = None) -> dict:
                 if mode != "kill" or time.time() - t_go < every * (len(kills) + 1):
                     return
                 slot = ids[len(kills) % WORKERS]
-                victim = slots[slot]
-                victim.proc.kill()  # SIGKILL: no FailLease, the lease must expire
                 t_k = time.time()
-                victim.proc.wait()
+                sysm.kill(slots[slot].name)  # SIGKILL: no FailLease, the lease must expire
                 replacement = f"{slot}-r{len(kills) + 1}"
                 slots[slot] = sysm.worker_host(replacement, 1.0, [run_id], delay, name=f"rollout-{replacement}")
                 kills.append({"t": t_k, "killed": current[slot], "replacement": replacement, "every": every})

@@ -326,23 +326,17 @@ async def _bench(url: str, cfg: dict, env: dict[str, str], root: Path) -> tuple[
     from brigade.bucket import open_bucket
     from brigade.rpc import ProxyClient
     from brigade.spec_file import build_spec
-    from brigade_cli.devservers import free_port, start_redis
-    from brigade_cli.up import Fleet, create_run, wait_for_proxy
+    from brigade_cli.system import LocalSystem, create_run
 
     progress("sync-latency", "starting redis and the proxy")
-    logs = root / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    redis = start_redis(root / "redis")
-    proxy = f"127.0.0.1:{free_port()}"
-    env = dict(env, BRIGADE_REDIS_URL=redis.url, BRIGADE_BUCKET=url, BRIGADE_PROXY=proxy, BRIGADE_LISTEN=proxy,
-               BRIGADE_TOKEN="", BRIGADE_LOG_FORMAT="json", OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    fleet = Fleet(env)
+    system = LocalSystem(root, bucket=url, env=dict(env, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore"))
     bucket = open_bucket(url)
     series: dict[int, dict[str, dict]] = {}
     watchers = None
     try:
-        fleet.spawn("proxy", ["proxy"], logs)
-        await wait_for_proxy(proxy, "", timeout=60)
+        system.start_servers()
+        system.start_proxy()
+        proxy = system.proxy
         await bucket.ensure()
         # the fleet (N workers fetching at once), then one worker alone: the per-worker path without N
         # workers sharing this machine's cores for sha256 and decode. Each set watches its own run, so
@@ -350,7 +344,7 @@ async def _bench(url: str, cfg: dict, env: dict[str, str], root: Path) -> tuple[
         runs = {n: f"sync-latency-{n}w-{uuid.uuid4().hex[:8]}" for n in (cfg["workers"], 1)}
         for run in runs.values():
             await create_run(proxy, "", build_spec({"run_id": run, "model": "demo", "eval_every": 0}))
-        watchers = Watchers(proxy, url, {run: n for n, run in runs.items()}, env, logs)
+        watchers = Watchers(proxy, url, {run: n for n, run in runs.items()}, system.service_env(), system.logs)
         await watchers.spawn()
         progress("sync-latency", "building the adapters")
         payloads = {"demo": demo_adapter(), "7b": seven_b_adapter()}
@@ -363,8 +357,7 @@ async def _bench(url: str, cfg: dict, env: dict[str, str], root: Path) -> tuple[
         if watchers is not None:
             await watchers.stop()
         await bucket.close()
-        fleet.stop_all()
-        redis.stop()
+        system.close()
     out: dict = {"workers": cfg["workers"], "rounds": cfg["rounds"]}
     for name, s in series[cfg["workers"]].items():
         out |= _figures(name, s["ours"], s["raw"], s["size"])

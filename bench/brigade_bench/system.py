@@ -2,30 +2,31 @@
 simulated device speed around the real engine, and the arithmetic that turns a run's learner
 metrics and event stream into figures.
 
-The system is the one `brigade up` starts: a redis-server, a local-folder bucket, `brigade proxy`,
-`brigade janitor`, one learner and N rollout workers, each its own process. The learner and the
-workers run through two small hosts in this module (`python -m brigade_bench.system learner|worker`)
-that drive the services' own classes (`brigade_learner.learner.Learner`, `brigade_rollout.worker.Worker`)
-exactly as their CLIs do, with three differences that only a benchmark needs:
+The system is the one `brigade up` starts (`brigade_cli.system.LocalSystem`): a redis-server, a
+local-folder bucket, `brigade proxy`, `brigade janitor`, one learner and N rollout workers, each its
+own process. The learner and the workers run through two small hosts (`python -m brigade_bench.system
+learner` here, `python -m brigade_testing.slow_worker`) that drive the services' own classes
+(`brigade_learner.learner.Learner`, `brigade_rollout.worker.Worker`) exactly as their CLIs do, with
+three differences that only a benchmark needs:
 
 - a host serves several runs one after the other (the async and the sync run), so torch and the
   model are imported and loaded once, not once per run, and startup cost is out of the figures;
 - it waits for a "go" file before each run, so every worker and the learner start together and
   the clock starts at go (the learner is loaded and waiting; no backlog piles up while it loads);
-- the worker's engine is wrapped in `DelayedEngine`, and the learner's `train_step` in
-  `simulate_learner_device`: the simulated device speeds.
+- the worker's engine is wrapped in `brigade_testing.slow_engine.SlowEngine`, and the learner's
+  `train_step` in `simulate_learner_device`: the simulated device speeds.
 
 Simulated device speed. On a 2-core machine shared by a learner, four workers, Redis and the proxy,
 real generation time measures CPU contention, not the schedule. So each batch's generation takes
     per_token_s x speed_factor x decode_tokens(batch)
-of wall time: the real engine generates (the real tokens, log-probs and rewards the learner trains
-on), then the worker sleeps until that much time has passed since generation started. A batched
-decoder waits for the longest completion of its batch, so `decode_tokens` is the batch's longest
-completion, drawn from a lognormal (long tail, capped) seeded by the batch's prompts: the same batch
-takes the same number of tokens in the async and the sync run, and on a retry. If the real
-generation overruns the simulated time the batch simply takes longer; the engine log counts that.
-The learner's device is simulated the same way (a GRPO step takes at least `learner_step_s`; the
-real step runs inside it), so that the learner-to-fleet speed ratio is a setting, as it is when
+of wall time (`DelayModel`): the real engine generates (the real tokens, log-probs and rewards the
+learner trains on), then the worker sleeps until that much time has passed since generation started.
+A batched decoder waits for the longest completion of its batch, so `decode_tokens` is the batch's
+longest completion, drawn from a lognormal (long tail, capped) seeded by the batch's prompts: the
+same batch takes the same number of tokens in the async and the sync run, and on a retry. If the
+real generation overruns the simulated time the batch simply takes longer; the engine log counts
+that. The learner's device is simulated the same way (a GRPO step takes at least `learner_step_s`;
+the real step runs inside it), so that the learner-to-fleet speed ratio is a setting, as it is when
 one sizes a real fleet to a real learner, and not an accident of this machine's load.
 """
 
@@ -34,18 +35,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import hashlib
 import json
 import math
 import os
 import signal
 import statistics
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from brigade_cli.system import LocalSystem, Service
+from brigade_testing.slow_engine import DelayModel
 
 _STARTED: dict[str, float] = {}
 
@@ -94,82 +96,6 @@ def percentile(values: Iterable[float], q: float) -> float:
     pos = q * (len(xs) - 1)
     lo, hi = math.floor(pos), math.ceil(pos)
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
-@dataclass(frozen=True)
-class DelayModel:
-    """Simulated generation time of a batch: per_token_s x factor x decode_tokens(batch)."""
-
-    per_token_s: float = 0.03
-    median_tokens: float = 24.0
-    sigma: float = 0.6          # lognormal shape: the tail of completion lengths
-    cap_tokens: int = 96        # max_new_tokens of the simulated model
-
-    def tokens(self, key: str) -> int:
-        """The batch's longest completion in tokens, a deterministic draw from `key`."""
-        h = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")
-        u = (h + 0.5) / 2**64
-        z = statistics.NormalDist().inv_cdf(u)
-        return int(min(self.cap_tokens, max(1, round(self.median_tokens * math.exp(self.sigma * z)))))
-
-    def seconds(self, key: str, factor: float = 1.0) -> float:
-        return self.per_token_s * factor * self.tokens(key)
-
-    def mean_tokens(self, n: int = 4000) -> float:
-        return statistics.fmean(self.tokens(f"mean-{i}") for i in range(n))
-
-
-def batch_key(prompts: Sequence[str]) -> str:
-    """What identifies a batch to the delay model: its prompts (a batch id depends on the run id;
-    the prompts of global batch n are the same in every run with the same seed)."""
-    return "\x1f".join(prompts)
-
-
-class DelayedEngine:
-    """An engine that takes the simulated device's time: real generation, then sleep until
-    `model.seconds(batch, factor)` has passed since it started (stop requests honoured every 20 ms).
-    Writes one JSON line per batch to `log_path` if given."""
-
-    def __init__(self, inner, factor: float, model: DelayModel, log_path: Path | None = None, run: str = "",
-                 sleep: Callable[[float], None] = time.sleep):
-        self.inner, self.factor, self.model = inner, factor, model
-        self.log_path, self.run, self._sleep = log_path, run, sleep
-        self._log_lock = threading.Lock()
-
-    @property
-    def name(self) -> str:
-        return self.inner.name
-
-    @property
-    def tokenizer(self):
-        return self.inner.tokenizer
-
-    @property
-    def version(self):
-        return self.inner.version
-
-    def load_adapter(self, version, state) -> None:
-        self.inner.load_adapter(version, state)
-
-    def generate(self, prompts, sampling, seed, adapter_version, should_stop):
-        from brigade.engine.base import Stopped
-
-        t0 = time.time()
-        out = self.inner.generate(prompts, sampling, seed, adapter_version, should_stop)
-        real = time.time() - t0
-        key = batch_key(prompts)
-        target = self.model.seconds(key, self.factor)
-        end = t0 + target
-        while (left := end - time.time()) > 0:
-            if should_stop():
-                raise Stopped()
-            self._sleep(min(left, 0.02))
-        if self.log_path is not None:
-            row = {"run": self.run, "t0": t0, "t1": time.time(), "real_s": real, "target_s": target,
-                   "tokens": self.model.tokens(key), "factor": self.factor, "overrun": real > target}
-            with self._log_lock, self.log_path.open("a") as f:
-                f.write(json.dumps(row) + "\n")
-        return out
 
 
 def simulate_learner_device(trainer, step_s: float, sleep: Callable[[float], None] = time.sleep) -> None:
@@ -332,98 +258,56 @@ def reward_noise_check(a: Sequence[float], b: Sequence[float]) -> tuple[float, f
         return float("nan"), float("nan")
     return statistics.fmean(d), statistics.stdev(d) / math.sqrt(len(d))
 
-
 # ---------------------------------------------------------------- the system as processes
 
 
-def _tail(path: Path, n: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
-    except OSError:
-        return ""
-
-
-class System:
+class System(LocalSystem):
     """redis-server, a file:// bucket, `brigade proxy` and `brigade janitor`, plus learner and worker
-    hosts; everything under `root`, stopped by `stop()`."""
+    hosts; everything under `root`, started on entering and stopped on leaving."""
 
     def __init__(self, root: Path, janitor_interval: float = 1.0):
-        self.root = Path(root)
-        self.logs = self.root / "logs"
+        super().__init__(root, env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore",
+                                        TOKENIZERS_PARALLELISM="false"))
         self.signals = self.root / "signals"
         self.janitor_interval = janitor_interval
-        self.redis = None
-        self.fleet = None
-        self.proxy = ""
-        self.bucket = f"file://{self.root / 'bucket'}"
 
     def __enter__(self) -> System:
         self.start()
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
     def start(self) -> None:
-        from brigade_cli.devservers import free_port, start_redis
-        from brigade_cli.up import Fleet, wait_for_proxy
-
-        self.logs.mkdir(parents=True, exist_ok=True)
         self.signals.mkdir(parents=True, exist_ok=True)
-        self.redis = start_redis(self.root / "redis")
-        self.proxy = f"127.0.0.1:{free_port()}"
-        env = dict(os.environ, BRIGADE_REDIS_URL=self.redis.url, BRIGADE_BUCKET=self.bucket, BRIGADE_PROXY=self.proxy,
-                   BRIGADE_LISTEN=self.proxy, BRIGADE_TOKEN="", BRIGADE_LOG_FORMAT="json", OMP_NUM_THREADS="1",
-                   PYTHONWARNINGS="ignore", TOKENIZERS_PARALLELISM="false")
-        self.fleet = Fleet(env)
-        self.fleet.spawn("proxy", ["proxy"], self.logs)
-        asyncio.run(wait_for_proxy(self.proxy, "", timeout=60))
-        self.fleet.spawn("janitor", ["janitor", "--interval", str(self.janitor_interval),
-                                     "--lock-ttl-ms", str(int(self.janitor_interval * 5000))], self.logs)
-
-    def stop(self) -> None:
-        if self.fleet is not None:
-            self.fleet.stop_all()
-        if self.redis is not None:
-            self.redis.stop()
+        self.start_servers()
+        self.start_proxy()
+        self.spawn("janitor", ["janitor", "--interval", str(self.janitor_interval),
+                               "--lock-ttl-ms", str(int(self.janitor_interval * 5000))])
 
     # ------------------------------------------------------------ runs and hosts
 
-    def create_run(self, spec) -> None:
-        from brigade_cli.up import create_run
+    def learner_host(self, runs: Sequence[str], learner_step_s: float = 0.0) -> Service:
+        return self.spawn("learner", ["--proxy", self.proxy, "--bucket", self.bucket,
+                                      "--runs", ",".join(runs), "--signals", str(self.signals),
+                                      "--learner-step-s", str(learner_step_s)], module="brigade_bench.system")
 
-        asyncio.run(create_run(self.proxy, "", spec))
-
-    def _spawn(self, name: str, args: list[str]):
-        from brigade_cli.up import Child
-
-        child = Child(name, [sys.executable, "-m", "brigade_bench.system", *args], self.logs / f"{name}.log")
-        child.start(self.fleet.env)
-        self.fleet.children.append(child)
-        return child
-
-    def learner_host(self, runs: Sequence[str], learner_step_s: float = 0.0):
-        return self._spawn("learner", ["learner", "--proxy", self.proxy, "--bucket", self.bucket,
-                                       "--runs", ",".join(runs), "--signals", str(self.signals),
-                                       "--learner-step-s", str(learner_step_s)])
-
-    def worker_host(self, worker_id: str, factor: float, runs: Sequence[str], delay: DelayModel, name: str = ""):
-        return self._spawn(name or f"rollout-{worker_id}", [
-            "worker", "--proxy", self.proxy, "--bucket", self.bucket, "--runs", ",".join(runs),
-            "--signals", str(self.signals), "--worker-id", worker_id, "--speed-factor", str(factor),
-            "--delay", json.dumps(asdict(delay)), "--engine-log", str(self.logs / f"engine-{worker_id}.jsonl")])
+    def worker_host(self, worker_id: str, factor: float, runs: Sequence[str], delay: DelayModel,
+                    name: str = "") -> Service:
+        return self.spawn(name or f"rollout-{worker_id}", [
+            "--proxy", self.proxy, "--bucket", self.bucket, "--runs", ",".join(runs), "--signals", str(self.signals),
+            "--worker-id", worker_id, "--speed-factor", str(factor), "--delay", json.dumps(asdict(delay)),
+            "--engine-log", str(self.logs / f"engine-{worker_id}.jsonl"), "--device", "cpu"],
+            module="brigade_testing.slow_worker")
 
     def signal(self, name: str) -> float:
         t = time.time()
         (self.signals / name).touch()
         return t
 
-    def wait_signals(self, names: Sequence[str], timeout: float, children: Sequence = ()) -> None:
+    def wait_signals(self, names: Sequence[str], timeout: float, hosts: Sequence[Service] = ()) -> None:
         deadline = time.monotonic() + timeout
         while not all((self.signals / n).exists() for n in names):
-            for c in children:
-                if not c.alive():
-                    raise RuntimeError(f"{c.name} exited with {c.proc.returncode}:\n{_tail(c.log)}")
+            for h in hosts:
+                if not h.alive():
+                    raise RuntimeError(f"{h.name} exited with {h.proc.returncode}:\n{h.tail()}")
             if time.monotonic() > deadline:
                 missing = [n for n in names if not (self.signals / n).exists()]
                 raise TimeoutError(f"no {missing} after {timeout:.0f}s")
@@ -440,7 +324,7 @@ class System:
 
         from brigade import keys
 
-        r = redis.Redis.from_url(self.redis.url)
+        r = redis.Redis.from_url(self.redis_url)
         try:
             rows = r.xrange(keys.RunKeys(run).events, "-", "+")
         finally:
@@ -472,7 +356,7 @@ class System:
                 out.setdefault(int(doc["policy_version"]), []).extend(rewards)
         return out
 
-    def run_until(self, run: str, steps: int, timeout: float, children: Sequence = (),
+    def run_until(self, run: str, steps: int, timeout: float, hosts: Sequence[Service] = (),
                   tick: Callable[[float], None] | None = None) -> tuple[float, bool]:
         """Start `run` (the learner and workers are waiting for its go signal) and wait until the
         learner has finished `steps` steps. Returns (go time, finished in time)."""
@@ -482,9 +366,9 @@ class System:
         while not done.exists():
             if time.monotonic() > deadline:
                 return t_go, False
-            for c in children:  # a host that died (not one we killed: those are not passed here) ends the run
-                if not c.alive() and not done.exists() and (c.name == "learner" or c.proc.returncode != 0):
-                    raise RuntimeError(f"{c.name} exited with {c.proc.returncode}:\n{_tail(c.log)}")
+            for h in hosts:  # a host that died (not one we killed: those are not passed here) ends the run
+                if not h.alive() and not done.exists() and (h.name == "learner" or h.proc.returncode != 0):
+                    raise RuntimeError(f"{h.name} exited with {h.proc.returncode}:\n{h.tail()}")
             if tick is not None:
                 tick(t_go)
             time.sleep(0.1)
@@ -501,12 +385,7 @@ class System:
                 "figures": run_figures(metrics, events, t_go, workers, killed=killed)}
 
 
-# ---------------------------------------------------------------- hosts (child processes)
-
-
-async def _wait_file(path: Path) -> None:
-    while not path.exists():
-        await asyncio.sleep(0.01)
+# ---------------------------------------------------------------- the learner host (a child process)
 
 
 async def _learner_host(a: argparse.Namespace) -> None:
@@ -516,6 +395,7 @@ async def _learner_host(a: argparse.Namespace) -> None:
     from brigade.v1 import brigade_pb2 as pb
     from brigade_learner.learner import Learner, LearnerConfig
     from brigade_learner.trainer import Trainer
+    from brigade_testing.slow_worker import wait_for_file
 
     configure_logging("learner", "info")
     signals = Path(a.signals)
@@ -532,7 +412,7 @@ async def _learner_host(a: argparse.Namespace) -> None:
                 simulate_learner_device(trainer, a.learner_step_s)
             learner = Learner(LearnerConfig(proxy=a.proxy, bucket=a.bucket, run=run), spec, bucket, client, trainer)
             (signals / f"ready-learner-{run}").touch()
-            await _wait_file(signals / f"go-{run}")
+            await wait_for_file(signals / f"go-{run}")
             await learner.run()
             (signals / f"done-learner-{run}").touch()
         finally:
@@ -540,68 +420,17 @@ async def _learner_host(a: argparse.Namespace) -> None:
             await client.close()
 
 
-async def _worker_host(a: argparse.Namespace) -> int:
-    from brigade.engine import make_engine
-    from brigade.log import configure_logging
-    from brigade.rpc import ProxyClient
-    from brigade.v1 import brigade_pb2 as pb
-    from brigade_rollout.worker import Worker, WorkerConfig
-
-    configure_logging("rollout", "info")
-    signals, runs = Path(a.signals), a.runs.split(",")
-    delay = DelayModel(**json.loads(a.delay))
-    client = ProxyClient.connect(a.proxy)
-    try:
-        spec = (await client.runs.GetRun(pb.RunRef(run_id=runs[0]), timeout=30)).spec
-    finally:
-        await client.close()
-    engine = await asyncio.to_thread(make_engine, "hf", spec, device="cpu")
-    current: list[Worker] = []
-    stopping = asyncio.Event()
-
-    def stop() -> None:
-        stopping.set()
-        for w in current:
-            w.stop()
-
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop)
-    for run in runs:
-        if stopping.is_set():
-            break
-        engine.load_adapter(0, None)  # version numbers restart with each run: start from the fresh LoRA
-        (signals / f"ready-{a.worker_id}-{run}").touch()
-        await _wait_file(signals / f"go-{run}")
-        cfg = WorkerConfig(proxy=a.proxy, bucket=a.bucket, run=run, worker_id=a.worker_id, exit_when_finished=True,
-                           capacity_class="spot")
-        worker = Worker(cfg, engine=DelayedEngine(engine, a.speed_factor, delay, Path(a.engine_log), run))
-        current[:] = [worker]
-        code = await worker.run()
-        if code:
-            return code
-    return 0
-
-
 def main(argv: Sequence[str] | None = None) -> None:
+    """The learner host (`python -m brigade_bench.system`)."""
     p = argparse.ArgumentParser(prog="python -m brigade_bench.system")
-    p.add_argument("role", choices=["learner", "worker"])
     p.add_argument("--proxy", required=True)
     p.add_argument("--bucket", required=True)
     p.add_argument("--runs", required=True, help="comma-separated run ids, served one after the other")
     p.add_argument("--signals", required=True, help="folder of ready/go/done files")
-    p.add_argument("--worker-id", default="")
-    p.add_argument("--speed-factor", type=float, default=1.0)
-    p.add_argument("--delay", default="{}", help="DelayModel fields as JSON")
-    p.add_argument("--engine-log", default="")
     p.add_argument("--learner-step-s", type=float, default=0.0,
                    help="simulated duration of one GRPO step on the learner's device (0 = real time)")
-    a = p.parse_args(argv)
-    if a.role == "learner":
-        with contextlib.suppress(asyncio.CancelledError):
-            asyncio.run(_learner_host(a))
-        return
-    sys.exit(asyncio.run(_worker_host(a)))
+    with contextlib.suppress(asyncio.CancelledError):
+        asyncio.run(_learner_host(p.parse_args(argv)))
 
 
 if __name__ == "__main__":

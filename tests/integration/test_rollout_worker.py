@@ -8,7 +8,6 @@ import json
 import math
 import os
 import signal
-import sys
 import time
 from pathlib import Path
 
@@ -26,8 +25,10 @@ from brigade.rpc import ProxyClient
 from brigade.store import Store
 from brigade.v1 import brigade_pb2 as pb
 from brigade_cli.devservers import free_port
+from brigade_cli.system import LocalSystem
 from brigade_proxy.server import start_server
 from brigade_rollout.worker import Worker, WorkerConfig
+from brigade_testing.slow_engine import SlowEngine
 from brigade_testing.tiny import demo_prompts, tiny_model, tiny_spec
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -73,8 +74,8 @@ class Env:
         await self.client.runs.CreateRun(pb.CreateRunRequest(spec=spec, prompts=demo_prompts(n_prompts)))
         return spec
 
-    def worker(self, run, **kw) -> Worker:
-        return Worker(WorkerConfig(proxy=self.target, bucket=self.bucket_url, run=run, **kw))
+    def worker(self, run, engine=None, **kw) -> Worker:
+        return Worker(WorkerConfig(proxy=self.target, bucket=self.bucket_url, run=run, **kw), engine=engine)
 
     async def pull(self, run, want, timeout=30.0) -> list[pb.PulledRollout]:
         out, deadline = [], time.monotonic() + timeout
@@ -219,7 +220,8 @@ async def test_revoked_lease_stops_generation(env):
     await env.start_proxy()
     run = "revoke"
     spec = await env.create_run(run, 2, staleness={"max_staleness": 1, "lease_seconds": 1})
-    worker = env.worker(run, speed_factor=5000.0)  # a very slow device: the batch would take hours
+    # a very slow device: the batch would take hours
+    worker = env.worker(run, engine=SlowEngine(await asyncio.to_thread(HFEngine.from_spec, spec), factor=5000.0))
     task = asyncio.create_task(worker.run())
 
     async def leased():
@@ -251,26 +253,25 @@ async def test_sigterm_requeues_the_batch(env, tmp_path):
     await env.start_proxy()
     run = "sigterm"
     await env.create_run(run, 4)
-    log_path = tmp_path / "worker.log"
-    with open(log_path, "wb") as log_file:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "brigade_cli.main", "rollout", "--proxy", env.target, "--bucket", env.bucket_url,
-            "--run", run, "--worker-id", "doomed", "--speed-factor", "5000", "--log-level", "info",
-            stdout=log_file, stderr=log_file, env={**os.environ, "BRIGADE_LOG_FORMAT": "json"})
+    # the worker host wraps the real engine in a very slow device, so the batch is mid-generation
+    with LocalSystem(tmp_path, redis_url=env.redis_url) as system:
+        doomed = system.spawn("doomed", ["--proxy", env.target, "--bucket", env.bucket_url, "--runs", run,
+                                         "--worker-id", "doomed", "--speed-factor", "5000", "--log-level", "info"],
+                              module="brigade_testing.slow_worker")
 
         async def leased():
-            assert proc.returncode is None, log_path.read_text()[-3000:]
+            assert doomed.alive(), doomed.tail()
             leases = (await env.client.runs.ListLeases(pb.RunRef(run_id=run))).leases
             return any(lease.worker_id == "doomed" for lease in leases)
 
         await wait_for(leased, 120, "the subprocess to take a lease")
         await asyncio.sleep(0.5)  # in the middle of generating
-        proc.send_signal(signal.SIGTERM)
         t0 = time.monotonic()
-        rc = await asyncio.wait_for(proc.wait(), 15)
-    assert rc == 0, log_path.read_text()[-3000:]
+        # in a thread: this loop serves the proxy the worker hands its lease back to
+        await asyncio.wait_for(asyncio.to_thread(system.kill, "doomed", signal.SIGTERM), 15)
+    assert doomed.proc.returncode == 0, doomed.tail()
     assert time.monotonic() - t0 < 10
-    assert "lease handed back" in log_path.read_text()
+    assert "lease handed back" in doomed.log.read_text()
     assert not (await env.client.runs.ListLeases(pb.RunRef(run_id=run))).leases
 
     worker = env.worker(run, exit_when_finished=True)

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from brigade_bench import fleet, preemption, report, system
-from brigade_bench.system import DelayModel, Event
+from brigade_bench.system import Event
+from brigade_testing.slow_engine import DelayModel, SlowEngine, batch_key
 
 
 def test_theoretical_ratio():
@@ -41,8 +42,8 @@ def test_delay_model_is_deterministic_capped_and_long_tailed():
 
 
 def test_batch_key_depends_on_prompts_only():
-    assert system.batch_key(["1+2=", "3+4="]) == system.batch_key(["1+2=", "3+4="])
-    assert system.batch_key(["1+2=", "3+4="]) != system.batch_key(["3+4=", "1+2="])
+    assert batch_key(["1+2=", "3+4="]) == batch_key(["1+2=", "3+4="])
+    assert batch_key(["1+2=", "3+4="]) != batch_key(["3+4=", "1+2="])
 
 
 class _Inner:
@@ -59,12 +60,12 @@ class _Inner:
         return ["sample"] * len(prompts)
 
 
-def test_delayed_engine_takes_the_simulated_time_and_honours_stop(tmp_path):
+def test_slow_engine_takes_the_delay_models_time_and_honours_stop(tmp_path):
     from brigade.engine.base import Stopped
 
     d = DelayModel(per_token_s=0.002, median_tokens=20, sigma=0.0, cap_tokens=40)   # 20 tokens: 40 ms x factor
     inner = _Inner()
-    eng = system.DelayedEngine(inner, factor=2.0, model=d, log_path=tmp_path / "e.jsonl", run="r")
+    eng = SlowEngine(inner, factor=2.0, model=d, log_path=tmp_path / "e.jsonl", run="r")
     t0 = time.monotonic()
     assert eng.generate(["a", "b"], None, 0, 0, lambda: False) == ["sample", "sample"]
     assert time.monotonic() - t0 >= 0.08 - 0.005

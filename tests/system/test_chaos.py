@@ -169,7 +169,7 @@ class Chaos:
         holders = self.s.lease_holders()
         frozen = self.frozen[0] if self.frozen else None
         return [n for n in self.s.worker_names()
-                if n != frozen and self.s.services[n].alive() and self.s.services[n].worker_id in holders]
+                if n != frozen and self.s.services[n].alive() and self.s.worker_ids[n] in holders]
 
     def freeze_a_worker(self, step: int) -> None:
         """A paused VM / a partition: SIGSTOP a worker holding a lease until well past the lease's
@@ -193,7 +193,7 @@ class Chaos:
                 name = self.rng.choice(busy)
                 s.freeze([name])
                 s.note("freeze", name)
-                self.freeze_log.append({"worker": s.services[name].worker_id, "step": step})
+                self.freeze_log.append({"worker": s.worker_ids[name], "step": step})
                 self.frozen = (name, time.monotonic() + s.spec.staleness.lease_seconds + 4)
 
     def kill_a_worker(self, step: int) -> None:

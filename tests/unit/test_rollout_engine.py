@@ -1,5 +1,6 @@
 """The hf engine: behaviour log-probs agree with the learner's numerics, sampling is reproducible,
-generation stops cooperatively, and the adapter served is the one asked for."""
+generation stops cooperatively, and the adapter served is the one asked for; and the slow-device
+wrapper that benchmarks and tests put around it."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import torch
 
 from brigade import adapters
 from brigade.engine.base import Stopped, WrongAdapter
-from brigade.engine.hf import HFEngine, Throttled
+from brigade.engine.hf import HFEngine
 from brigade.model import attach_lora, completion_logprobs, load_base, position_ids
+from brigade_testing.slow_engine import SlowEngine
 from brigade_testing.tiny import tiny_model, tiny_spec
 
 PROMPTS = ["1+2=", "13+4=", "9=", "0+0+0+0+1="]  # different lengths: left padding matters
@@ -159,9 +161,9 @@ class _SlowStub:
         return ["done"]
 
 
-def test_throttled_is_slower_and_still_stoppable():
+def test_slow_engine_is_slower_and_still_stoppable():
     sleeps = []
-    slow = Throttled(_SlowStub(), factor=4.0, _sleep=lambda s: (sleeps.append(s), time.sleep(s)))
+    slow = SlowEngine(_SlowStub(), factor=4.0, sleep=lambda s: (sleeps.append(s), time.sleep(s)))
     t0 = time.monotonic()
     assert slow.generate([], None, 0, 0, lambda: False) == ["done"]
     assert time.monotonic() - t0 >= 0.39 and sum(sleeps) >= 0.28  # ~3 x the real 0.1 s on top

@@ -11,12 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import typer
@@ -27,110 +22,11 @@ from brigade import options
 MAX_RESTARTS = 3
 
 
-@dataclass
-class Child:
-    name: str
-    argv: list[str]
-    log: Path
-    proc: subprocess.Popen | None = None
-    restarts: int = 0
-
-    def start(self, env: dict[str, str]) -> None:
-        self.log.parent.mkdir(parents=True, exist_ok=True)
-        # own process group: Ctrl-C in the terminal reaches `up`, which then stops children in order
-        self.proc = subprocess.Popen(self.argv, env=env, stdout=self.log.open("ab"), stderr=subprocess.STDOUT,
-                                     start_new_session=True)
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def crashed(self) -> bool:
-        """Exited, and not with 0 (a learner after max_steps, a worker after the run finished)."""
-        return self.proc is not None and self.proc.poll() not in (None, 0)
-
-    def stop(self, timeout: float = 10.0) -> None:
-        if not self.alive():
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-
-@dataclass
-class Fleet:
-    env: dict[str, str]
-    children: list[Child] = field(default_factory=list)
-
-    def spawn(self, name: str, args: list[str], logs: Path) -> Child:
-        child = Child(name, [sys.executable, "-m", "brigade_cli.main", *args], logs / f"{name}.log")
-        child.start(self.env)
-        self.children.append(child)
-        return child
-
-    def restart_crashed(self, max_restarts: int) -> str | None:
-        """Start again every child that died: each service resumes where its state (Redis, the
-        bucket) says, which is the point of the design. Returns an error when one keeps dying."""
-        for child in self.children:
-            if not child.crashed():
-                continue
-            rc = child.proc.returncode
-            if child.restarts >= max_restarts:
-                return f"{child.name} exited with {rc} {child.restarts + 1} times; its log: {child.log}"
-            child.restarts += 1
-            typer.echo(f"{child.name} exited with {rc}: restarting it ({child.restarts}/{max_restarts})", err=True)
-            child.start(self.env)
-        return None
-
-    def stop_all(self) -> None:
-        # workers first (they requeue their leases), the learner, then the coordination layer
-        order = {"rollout": 0, "evaluator": 0, "learner": 1, "janitor": 2, "proxy": 3}
-        for child in sorted(self.children, key=lambda c: order.get(c.name.split("-")[0], 0)):
-            child.stop()
-
-
-def redis_answers(url: str) -> bool:
-    import redis
-
-    try:
-        return bool(redis.Redis.from_url(url, socket_connect_timeout=0.5).ping())
-    except (redis.RedisError, OSError, ValueError):
-        return False
-
-
 def demo_overrides() -> dict:
     """The demo run: the demo model and task, with the hyperparameters verified to climb."""
     from brigade.demo.task import DEMO_RUN
 
     return dict(DEMO_RUN)
-
-
-async def wait_for_proxy(proxy: str, token: str, timeout: float = 30.0) -> None:
-    from brigade.rpc import ProxyClient
-    from brigade.v1 import brigade_pb2 as pb
-
-    deadline = time.monotonic() + timeout
-    async with ProxyClient.connect(proxy, token) as client:
-        while True:
-            try:
-                await client.runs.ListRuns(pb.ListRunsRequest(), timeout=1)
-                return
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.2)
-
-
-async def create_run(proxy: str, token: str, spec) -> None:
-    from brigade.datasets import load_prompts
-    from brigade.rpc import ProxyClient
-    from brigade.v1 import brigade_pb2 as pb
-
-    async with ProxyClient.connect(proxy, token) as client:
-        await client.runs.CreateRun(pb.CreateRunRequest(spec=spec, prompts=load_prompts(spec.dataset), exist_ok=True),
-                                    timeout=30)
 
 
 async def poll_metrics(proxy: str, token: str, run: str) -> tuple[list[dict], object, int]:
@@ -188,7 +84,7 @@ def up(
     """Start every service on this machine and show the run's progress until it finishes."""
     from brigade.config import ConfigError
     from brigade.spec_file import build_spec
-    from brigade_cli.devservers import free_port, start_redis
+    from brigade_cli.system import LocalSystem
 
     overrides: dict = {} if spec_path else demo_overrides()
     if run:
@@ -207,7 +103,6 @@ def up(
         typer.echo("error: `brigade up` needs a finite max_steps (in the spec or --max-steps)", err=True)
         raise typer.Exit(2)
     out_dir = Path(out or f"brigade-runs/{spec.run_id}").resolve()
-    logs = out_dir / "logs"
     out_dir.mkdir(parents=True, exist_ok=True)
     spec_file = out_dir / "run.json"
     from brigade.spec_file import spec_to_dict
@@ -218,17 +113,12 @@ def up(
 
     spec_yaml.write_text(yaml.safe_dump(spec_to_dict(spec), sort_keys=False))
 
-    redis_server = None
-    if not redis_url or not redis_answers(redis_url):
-        redis_server = start_redis(out_dir / "redis", appendonly=True)
-        redis_url = redis_server.url
-        typer.echo(f"started redis-server at {redis_url}")
-    bucket = bucket or f"file://{out_dir / 'bucket'}"
-    proxy = f"127.0.0.1:{port or free_port()}"
-    env = dict(os.environ, BRIGADE_REDIS_URL=redis_url, BRIGADE_BUCKET=bucket, BRIGADE_PROXY=proxy,
-               BRIGADE_LISTEN=proxy, BRIGADE_RUN=spec.run_id, BRIGADE_TOKEN=token, BRIGADE_LOG_FORMAT="json",
-               OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-    fleet = Fleet(env)
+    system = LocalSystem(out_dir, redis_url=redis_url, appendonly=True, bucket=bucket, port=port, token=token,
+                         run=spec.run_id)
+    system.start_servers()
+    if system.redis is not None:
+        typer.echo(f"started redis-server at {system.redis_url}")
+    proxy = system.proxy
     started = time.monotonic()
     state = None
     metrics: list[dict] = []
@@ -238,20 +128,20 @@ def up(
             from brigade.model import resolve_model
 
             typer.echo(f"demo model: {resolve_model('demo')}")
-        fleet.spawn("proxy", ["proxy"], logs)
-        asyncio.run(wait_for_proxy(proxy, token))
-        asyncio.run(create_run(proxy, token, spec))
-        fleet.spawn("janitor", ["janitor"], logs)
-        learner = fleet.spawn("learner", ["learner", "--spec", str(spec_yaml)], logs)
+        system.start_proxy()
+        system.create_run(spec)
+        system.spawn("janitor", ["janitor"])
+        learner = system.spawn("learner", ["learner", "--spec", str(spec_yaml)])
         for i in range(workers):
-            fleet.spawn(f"rollout-{i}", ["rollout", "--worker-id", f"local-{i}", "--exit-when-finished"], logs)
+            system.spawn(f"rollout-{i}", ["rollout", "--worker-id", f"local-{i}", "--exit-when-finished"])
         if evaluator:
-            fleet.spawn("evaluator", ["evaluator"], logs)
-        typer.echo(f"run {spec.run_id}: proxy {proxy}, bucket {bucket}, {workers} rollout workers; logs in {logs}")
+            system.spawn("evaluator", ["evaluator"])
+        typer.echo(f"run {spec.run_id}: proxy {proxy}, bucket {system.bucket}, {workers} rollout workers; "
+                   f"logs in {system.logs}")
         shown = 0
         while (learner.alive() or learner.crashed()) and time.monotonic() - started < max_wall:
             time.sleep(1.0)
-            failure = fleet.restart_crashed(MAX_RESTARTS)
+            failure = system.restart_crashed(MAX_RESTARTS)
             if failure:
                 typer.echo(f"error: {failure}", err=True)
                 break
@@ -276,9 +166,7 @@ def up(
         typer.echo("interrupted: stopping every process", err=True)
     finally:
         wall = time.monotonic() - started
-        fleet.stop_all()
-        if redis_server is not None:
-            redis_server.stop()
+        system.close()
     summary = summarize(spec.run_id, metrics, state, wall)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     with (out_dir / "metrics.jsonl").open("w") as f:

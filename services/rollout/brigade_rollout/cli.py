@@ -20,11 +20,6 @@ EngineName = Annotated[str, typer.Option("--engine", envvar="BRIGADE_ENGINE",
 MaxBatches = Annotated[int, typer.Option("--max-batches", help="Exit after this many completed batches; 0 = forever.")]
 ExitWhenFinished = Annotated[bool, typer.Option("--exit-when-finished",
                                                 help="Exit once the proxy says the run has no more batches.")]
-SpeedFactor = Annotated[float, typer.Option(
-    "--speed-factor", envvar="BRIGADE_SPEED_FACTOR",
-    help="Simulate a slower device: after each real generation, sleep (factor - 1) x its duration, so every "
-         "token costs `factor` times its real time (the sleep still honours revocation and SIGTERM). "
-         "Used by the fleet benchmark; 1 = off.")]
 Device = Annotated[str, typer.Option("--device", envvar="BRIGADE_DEVICE",
                                      help="cpu, cuda or cuda:N; overrides the run spec's device.")]
 RewardRedis = Annotated[str, typer.Option(
@@ -49,7 +44,6 @@ def rollout(
     engine: EngineName = "hf",
     max_batches: MaxBatches = 0,
     exit_when_finished: ExitWhenFinished = False,
-    speed_factor: SpeedFactor = 1.0,
     device: Device = "",
     redis_url: RewardRedis = "",
     reward_worker: RewardWorkers = True,
@@ -64,8 +58,8 @@ def rollout(
         raise typer.BadParameter(f"{capacity_class!r}: use spot or on-demand", param_hint="--capacity-class")
     if engine not in ("hf", "vllm"):
         raise typer.BadParameter(f"{engine!r}: use hf or vllm", param_hint="--engine")
-    if speed_factor < 1.0 or price_per_hour < 0 or max_batches < 0:
-        raise typer.BadParameter("--speed-factor must be >= 1, --price-per-hour and --max-batches >= 0")
+    if price_per_hour < 0 or max_batches < 0:
+        raise typer.BadParameter("--price-per-hour and --max-batches must be >= 0")
 
     import asyncio
     import signal
@@ -78,7 +72,7 @@ def rollout(
     cfg = WorkerConfig(
         proxy=proxy, bucket=bucket, run=run, token=token, tls_ca=tls_ca, worker_id=worker_id or default_worker_id(),
         capacity_class=capacity_class, price_per_hour=price_per_hour, engine=engine, max_batches=max_batches,
-        exit_when_finished=exit_when_finished, speed_factor=speed_factor, device=device, redis_url=redis_url,
+        exit_when_finished=exit_when_finished, device=device, redis_url=redis_url,
         reward_workers=reward_worker,
     )
 

@@ -42,7 +42,6 @@ from brigade.adapters import InvalidAdapter
 from brigade.bucket import Bucket, CorruptObject, ObjectExists, ObjectNotFound, open_bucket, sha256_hex
 from brigade.engine import make_engine
 from brigade.engine.base import Engine, Sample, Stopped
-from brigade.engine.hf import Throttled
 from brigade.retry import Backoff, retry
 from brigade.rewards import RewardSet, RqSandbox, reward_queue
 from brigade.rollout_format import Rollout
@@ -80,7 +79,6 @@ class WorkerConfig:
     engine: str = "hf"
     max_batches: int = 0            # 0 = forever
     exit_when_finished: bool = False
-    speed_factor: float = 1.0       # >1 simulates a slower device (engines.Throttled)
     device: str = ""                # overrides spec.device
     redis_url: str = ""             # rq queue for sandboxed rewards
     reward_workers: bool = True     # start a local rq worker for them
@@ -255,8 +253,6 @@ class Worker:
             except (RuntimeError, ValueError, OSError, ImportError) as e:  # no vllm/GPU, bad model path, ...
                 raise FatalError(f"cannot start the {cfg.engine} engine for model {spec.model!r}: {e}") from e
             self.log.info("engine ready", engine=cfg.engine, model=spec.model, seconds=round(time.monotonic() - t0, 2))
-        if cfg.speed_factor != 1.0:
-            self.engine = Throttled(self.engine, cfg.speed_factor)
 
     async def _close(self) -> None:
         for closer in (self.cache and self.cache.close, self.rewards and self.rewards.close,

@@ -9,23 +9,19 @@ hook checks the stop flag, so a revoked lease stops within one token. Position i
 explicitly from the attention mask, exactly as `brigade.model.completion_logprobs` computes them,
 so left padding never shifts positions whatever the model class does on its own.
 
-`vllm` (engine_vllm.py) is the GPU production engine. `Throttled` wraps either one for the fleet
-benchmark's simulated slow GPUs.
+`vllm` (engine_vllm.py) is the GPU production engine.
 """
 
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, StoppingCriteria
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from brigade.adapters import adapter_state, apply
-from brigade.engine.base import Engine, Sample, StopFn, Stopped, WrongAdapter
+from brigade.engine.base import Sample, StopFn, Stopped, WrongAdapter
 from brigade.model import attach_lora, load_base, pick_device, position_ids
 from brigade.v1 import brigade_pb2 as pb
 
@@ -164,44 +160,4 @@ class HFEngine:
             samples.append(Sample(group, prompt, ids[:n], lps[:n], finished))
         return samples
 
-
-# ---------------------------------------------------------------- slow-GPU simulation
-
-
-@dataclass
-class Throttled:
-    """Makes an engine `factor` times slower, for the fleet benchmark's simulated slow GPUs.
-
-    After each real generation it sleeps (factor - 1) x the time that generation took, so every
-    token effectively costs `factor` times its real time. The sleep checks `should_stop` every
-    50 ms, so revocation and SIGTERM behave as on a slow device. factor <= 1 adds nothing."""
-
-    inner: Engine
-    factor: float = 1.0
-    _sleep: Callable[[float], None] = field(default=time.sleep, repr=False)
-
-    @property
-    def name(self) -> str:
-        return self.inner.name
-
-    @property
-    def tokenizer(self):
-        return self.inner.tokenizer
-
-    @property
-    def version(self) -> int | None:
-        return self.inner.version
-
-    def load_adapter(self, version: int, state: dict[str, torch.Tensor] | None) -> None:
-        self.inner.load_adapter(version, state)
-
-    def generate(self, prompts, sampling, seed, adapter_version, should_stop) -> list[Sample]:
-        t0 = time.monotonic()
-        out = self.inner.generate(prompts, sampling, seed, adapter_version, should_stop)
-        end = time.monotonic() + max(0.0, self.factor - 1.0) * (time.monotonic() - t0)
-        while (left := end - time.monotonic()) > 0:
-            if should_stop():
-                raise Stopped()
-            self._sleep(min(left, 0.05))
-        return out
 

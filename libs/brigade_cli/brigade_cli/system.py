@@ -1,0 +1,239 @@
+"""The whole system on one machine, each service its own process, for `brigade up`, the benchmarks
+and the chaos tests.
+
+`LocalSystem` starts Redis (a given one that answers, else a redis-server of its own), optionally
+moto's S3 server, and then whatever services its caller spawns (`brigade proxy`, `janitor`,
+`learner`, `rollout`, `evaluator`, or a host module of the caller's that drives a service's own
+classes), each with its log under `root/logs`. It can kill, freeze, thaw and restart any of them,
+restart the ones that died (supervision), and stops everything in order on `close()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from brigade_cli.devservers import MOTO_ENV, ServerProcess, free_port, start_moto, start_redis, wait_for_port
+
+# stop order: workers first (they hand their leases back), the learner, then the coordination layer
+STOP_ORDER = {"rollout": 0, "evaluator": 0, "learner": 1, "janitor": 2, "proxy": 3}
+
+
+@dataclass
+class Service:
+    """One service process: every start appends to the same log."""
+
+    name: str
+    module: str                                        # run as `python -m module *args`
+    args: list[str]
+    log: Path
+    env: dict[str, str]
+    proc: subprocess.Popen | None = None
+    starts: int = 0
+    kills: int = 0                                     # lives ended by LocalSystem.kill()
+
+    def start(self) -> None:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        # own process group: Ctrl-C in the terminal reaches the launcher, which stops services in order
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", self.module, *self.args], env=self.env, stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        self.starts += 1
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def crashed(self) -> bool:
+        """Exited, and not with 0 (a learner after max_steps, a worker after the run finished)."""
+        return self.proc is not None and self.proc.poll() not in (None, 0)
+
+    def signal(self, sig: signal.Signals) -> None:
+        if self.alive():
+            self.proc.send_signal(sig)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM (after SIGCONT: a frozen process cannot handle it), SIGKILL after `timeout`."""
+        if not self.alive():
+            return
+        self.proc.send_signal(signal.SIGCONT)
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def tail(self, chars: int = 3000) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+
+class LocalSystem:
+    """Redis, an optional moto S3 server and the services, all under `root`. `env` is the
+    environment the services inherit (default: this process's); the system adds where Redis, the
+    bucket and the proxy are."""
+
+    def __init__(self, root: Path, *, redis_url: str = "", appendonly: bool = False, s3: bool = False,
+                 bucket: str = "", port: int = 0, token: str = "", run: str = "",
+                 env: dict[str, str] | None = None):
+        self.root = Path(root)
+        self.logs = self.root / "logs"
+        self.redis_url, self.appendonly, self.s3 = redis_url, appendonly, s3
+        self.bucket = bucket or f"file://{self.root / 'bucket'}"
+        self.proxy = f"127.0.0.1:{port or free_port()}"
+        self.token, self.run = token, run
+        self.base_env = dict(os.environ if env is None else env)
+        self.redis: ServerProcess | None = None        # ours, when no given Redis answered
+        self.moto: ServerProcess | None = None
+        self.services: dict[str, Service] = {}
+
+    def __enter__(self) -> LocalSystem:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ servers and services
+
+    def start_servers(self) -> None:
+        if not self.redis_url or not redis_answers(self.redis_url):
+            self.redis = start_redis(self.root / "redis", appendonly=self.appendonly)
+            self.redis_url = self.redis.url
+        if self.s3:
+            self.moto = start_moto()
+
+    @property
+    def s3_endpoint(self) -> str:
+        """Where the services reach S3."""
+        return self.moto.url
+
+    def service_env(self) -> dict[str, str]:
+        env = dict(self.base_env, BRIGADE_REDIS_URL=self.redis_url, BRIGADE_BUCKET=self.bucket,
+                   BRIGADE_PROXY=self.proxy, BRIGADE_LISTEN=self.proxy, BRIGADE_TOKEN=self.token,
+                   BRIGADE_LOG_FORMAT="json")
+        env.setdefault("OMP_NUM_THREADS", "1")  # N torch processes on a few cores: one thread each
+        if self.run:
+            env["BRIGADE_RUN"] = self.run
+        if self.moto is not None:
+            env.update(MOTO_ENV, AWS_ENDPOINT_URL=self.s3_endpoint)
+        return env
+
+    def spawn(self, name: str, args: list[str], module: str = "brigade_cli.main") -> Service:
+        """Start `python -m module *args` as service `name`."""
+        svc = Service(name, module, args, self.logs / f"{name}.log", self.service_env())
+        self.services[name] = svc
+        return self._launch(svc)
+
+    def start_proxy(self, *args: str) -> Service:
+        """`brigade proxy` on self.proxy."""
+        return self.spawn("proxy", ["proxy", *args])
+
+    def _launch(self, svc: Service) -> Service:
+        svc.start()
+        if svc.name == "proxy":  # everything else talks to it: wait until it listens
+            wait_for_port(int(self.proxy.rsplit(":", 1)[1]), 60, svc.proc)
+        return svc
+
+    def create_run(self, spec, timeout: float = 60) -> None:
+        asyncio.run(create_run(self.proxy, self.token, spec, timeout))
+
+    # ------------------------------------------------------------ faults
+
+    def kill(self, name: str, sig: signal.Signals = signal.SIGKILL) -> None:
+        """SIGKILL (no handler runs, nothing is flushed) or SIGTERM, and wait for the exit."""
+        svc = self.services[name]
+        if svc.alive():
+            svc.proc.send_signal(signal.SIGCONT)
+            svc.proc.send_signal(sig)
+            svc.proc.wait()
+            svc.kills += 1
+
+    def freeze(self, names: list[str]) -> None:
+        for n in names:
+            self.services[n].signal(signal.SIGSTOP)
+
+    def thaw(self, names: list[str]) -> None:
+        for n in names:
+            self.services[n].signal(signal.SIGCONT)
+
+    def restart(self, name: str, args: list[str] | None = None) -> Service:
+        """Start a dead service again (its log and counts go on), with new arguments if given."""
+        svc = self.services[name]
+        if svc.alive():
+            raise RuntimeError(f"{name} is still running")
+        svc.args = svc.args if args is None else args
+        return self._launch(svc)
+
+    def restart_crashed(self, max_restarts: int) -> str | None:
+        """Start again every service that died: each resumes where its state (Redis, the bucket)
+        says, which is the point of the design. Returns an error when one keeps dying."""
+        for svc in list(self.services.values()):
+            if not svc.crashed():
+                continue
+            rc = svc.proc.returncode
+            if svc.starts > max_restarts:
+                return f"{svc.name} exited with {rc} {svc.starts} times; its log: {svc.log}"
+            print(f"{svc.name} exited with {rc}: restarting it ({svc.starts}/{max_restarts})", file=sys.stderr)
+            self.restart(svc.name)
+        return None
+
+    # ------------------------------------------------------------ stopping
+
+    def stop_services(self) -> None:
+        for svc in sorted(self.services.values(), key=lambda s: STOP_ORDER.get(s.name.split("-")[0], 0)):
+            svc.stop()
+
+    def close(self) -> None:
+        """Stop the services, then the servers."""
+        run_each([self.stop_services, self.moto and self.moto.stop, self.redis and self.redis.stop])
+
+
+def run_each(steps: Iterable[Callable[[], object] | None]) -> None:
+    """Run every step (None: skipped) even if an earlier one failed, so no server is leaked; then
+    raise the first error."""
+    errors = []
+    for step in steps:
+        try:
+            if step:
+                step()
+        except Exception as e:  # noqa: BLE001 - raised once the rest has run
+            errors.append(e)
+    if errors:
+        raise errors[0]
+
+
+def redis_answers(url: str) -> bool:
+    import redis
+
+    try:
+        return bool(redis.Redis.from_url(url, socket_connect_timeout=0.5).ping())
+    except (redis.RedisError, OSError, ValueError):
+        return False
+
+
+async def create_run(proxy: str, token: str, spec, timeout: float = 60) -> None:
+    """CreateRun with the spec's dataset, retried until the proxy answers (it may still be starting)."""
+    from brigade.datasets import load_prompts
+    from brigade.rpc import ProxyClient
+    from brigade.v1 import brigade_pb2 as pb
+
+    deadline = time.monotonic() + timeout
+    async with ProxyClient.connect(proxy, token) as client:
+        while True:
+            try:
+                await client.runs.CreateRun(pb.CreateRunRequest(spec=spec, prompts=load_prompts(spec.dataset),
+                                                                exist_ok=True), timeout=20)
+                return
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.3)
