@@ -476,7 +476,7 @@ class System(LocalSystem):
                 loaded += 1
                 if state.step != step:
                     problems.append(f"checkpoint {step} says step {state.step}")
-                new = list(state.ack["consumed"])
+                new = list(state.ack.consumed)
                 history += new
                 if state.consumed != seen | set(new) or seen & set(new):
                     problems.append(f"checkpoint {step}: consumed {len(state.consumed)} != previous {len(seen)} "
