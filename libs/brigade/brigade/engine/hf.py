@@ -9,7 +9,7 @@ hook checks the stop flag, so a revoked lease stops within one token. Position i
 explicitly from the attention mask, exactly as `brigade.model.completion_logprobs` computes them,
 so left padding never shifts positions whatever the model class does on its own.
 
-`vllm` (engine_vllm.py) is the GPU production engine.
+`vllm` (engine/vllm.py) is the GPU production engine.
 """
 
 from __future__ import annotations
