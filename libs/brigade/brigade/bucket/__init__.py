@@ -11,7 +11,7 @@ import os
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from .base import Bucket, BucketError, CorruptObject, ObjectExists, ObjectNotFound, sha256_hex
+from brigade.bucket.base import Bucket, BucketError, CorruptObject, ObjectExists, ObjectNotFound, sha256_hex
 
 __all__ = [
     "Bucket",
@@ -39,10 +39,10 @@ def open_bucket(url: str | os.PathLike[str], **options: Any) -> Bucket:
     """
     text = os.fspath(url)
     if text.startswith("s3://"):
-        from .s3 import S3Bucket  # aiobotocore is only imported when S3 is used
+        from brigade.bucket.s3 import S3Bucket  # aiobotocore is only imported when S3 is used
 
         return S3Bucket(text, **options)
-    from .local import LocalBucket
+    from brigade.bucket.local import LocalBucket
 
     # S3 tuning knobs mean nothing to a folder; dropping them lets callers pass one set of
     # options whatever the URL (anything else still fails loudly in the constructor).

@@ -15,7 +15,7 @@ import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from .base import (
+from brigade.bucket.base import (
     CHUNK_SIZE,
     TEMP_MARKER,
     Bucket,

@@ -21,7 +21,7 @@ from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
 from botocore.exceptions import BotoCoreError, ClientError
 
-from .base import (
+from brigade.bucket.base import (
     CHUNK_SIZE,
     Bucket,
     BucketError,
