@@ -71,3 +71,19 @@ def test_imports_are_absolute():
                 if isinstance(node, ast.ImportFrom) and node.level > 0:
                     relative.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not relative, f"relative imports: {relative}"
+
+
+def test_brigade_names_a_service_that_is_not_installed():
+    """An image holds only its own services: `brigade learner` there says what to install, and the
+    installed commands keep working."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['brigade_learner'] = None\n"  # as if brigade-learner were not installed
+            "from brigade_cli.main import app\n"
+            "app(sys.argv[1:])")
+    missing = subprocess.run([sys.executable, "-c", code, "learner", "--spec", "x.yaml"], capture_output=True,
+                             text=True, timeout=60)
+    assert missing.returncode == 2 and "pip install brigade-learner" in missing.stderr, missing.stderr
+    other = subprocess.run([sys.executable, "-c", code, "janitor", "--help"], capture_output=True, text=True, timeout=60)
+    assert other.returncode == 0 and "janitor" in other.stdout, other.stderr

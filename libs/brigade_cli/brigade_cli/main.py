@@ -62,12 +62,13 @@ def _not_installed(name: str, distribution: str):
 
 for _name, (_target, _distribution) in SERVICE_COMMANDS.items():
     try:
-        _command = _load(_target)
+        app.command(_name)(_load(_target))
     except ModuleNotFoundError as _e:
         if not (_e.name or "").startswith(_target.split(".")[0]):
             raise
-        _command = _not_installed(_name, _distribution)
-    app.command(_name)(_command)
+        # whatever flags the caller gave, the answer is the install hint
+        app.command(_name, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
+            _not_installed(_name, _distribution))
 for _name, _target in LOCAL_COMMANDS.items():
     app.command(_name)(_load(_target))
 for _name, _target in SUB_APPS.items():
