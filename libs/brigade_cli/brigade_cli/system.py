@@ -221,19 +221,22 @@ def redis_answers(url: str) -> bool:
 
 
 async def create_run(proxy: str, token: str, spec, timeout: float = 60) -> None:
-    """CreateRun with the spec's dataset, retried until the proxy answers (it may still be starting)."""
+    """CreateRun with the spec's dataset (read once), retried while the proxy cannot be reached (it
+    may still be starting); a refusal (a bad spec, another run with this id) is raised at once."""
+    import grpc
+
     from brigade.datasets import load_prompts
     from brigade.rpc import ProxyClient
     from brigade.v1 import brigade_pb2 as pb
 
+    request = pb.CreateRunRequest(spec=spec, prompts=load_prompts(spec.dataset), exist_ok=True)
     deadline = time.monotonic() + timeout
     async with ProxyClient.connect(proxy, token) as client:
         while True:
             try:
-                await client.runs.CreateRun(pb.CreateRunRequest(spec=spec, prompts=load_prompts(spec.dataset),
-                                                                exist_ok=True), timeout=20)
+                await client.runs.CreateRun(request, timeout=20)
                 return
-            except Exception:
-                if time.monotonic() > deadline:
+            except grpc.aio.AioRpcError as e:
+                if e.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(0.3)
