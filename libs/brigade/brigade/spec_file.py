@@ -27,11 +27,12 @@ from brigade.v1 import brigade_pb2 as pb
 _PARSE_ERROR = re.compile(r"^Failed to parse \w+ field: (.*?)(?: at [\w.\[\]]*)?\.?$", re.S)
 
 
-def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+def merge_spec_data(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """`override` over `base`, section by section (a nested mapping merges, anything else replaces)."""
     out = copy.deepcopy(base)
     for key, value in override.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
+            out[key] = merge_spec_data(out[key], value)
         else:
             out[key] = value
     return out
@@ -106,7 +107,7 @@ def build_spec(overrides: dict[str, Any] | None = None, path: str | Path | None 
     """The declared defaults, then the file at `path`, then `overrides`; parsed and validated."""
     data = read_spec_file(path) if path is not None else {}
     if overrides:
-        data = _merge(data, overrides)
+        data = merge_spec_data(data, overrides)
     spec = parse_spec(data)
     validate_spec(spec)
     return spec

@@ -16,7 +16,7 @@ import torch
 
 from brigade.model import completion_logprobs, position_ids
 from brigade.rollout_format import Rollout
-from brigade.spec_file import build_spec
+from brigade.spec_file import build_spec, merge_spec_data
 from brigade.v1 import brigade_pb2 as pb
 
 
@@ -63,14 +63,7 @@ def tiny_spec(model_dir: str | Path, run_id: str = "tiny", **overrides: Any) -> 
         "grpo": {"learning_rate": 1e-2, "micro_batch_tokens": 4096, "loss_agg": "dapo"},
         "prompts_per_batch": 2, "batches_per_step": 1, "epochs": 1, "eval_every": 0,
     }
-    return build_spec(_merge(base, overrides))
-
-
-def _merge(a: dict, b: dict) -> dict:
-    out = dict(a)
-    for k, v in b.items():
-        out[k] = _merge(a[k], v) if isinstance(v, dict) and isinstance(a.get(k), dict) else v
-    return out
+    return build_spec(merge_spec_data(base, overrides))
 
 
 def demo_prompts(n: int) -> list[pb.Prompt]:
