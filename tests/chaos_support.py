@@ -30,7 +30,7 @@ import redis
 import yaml
 
 from brigade import keys
-from brigade.spec_file import build_spec, spec_to_dict
+from brigade.spec_file import build_spec, merge_spec_data, spec_to_dict
 from brigade.v1 import brigade_pb2 as pb
 from brigade_cli.devservers import MOTO_ENV
 from brigade_cli.system import LocalSystem, Service, run_each
@@ -50,9 +50,7 @@ def chaos_spec(run_id: str, max_steps: int, **overrides: Any) -> pb.RunSpec:
         "staleness": {"max_staleness": 2, "lease_seconds": 6, "max_attempts": 3},
         "rewards": [{"function": "demo_sum"}],
     }
-    for k, v in overrides.items():
-        base[k] = base[k] | v if isinstance(v, dict) and isinstance(base.get(k), dict) else v
-    return build_spec(base)
+    return build_spec(merge_spec_data(base, overrides))
 
 
 # ---------------------------------------------------------------- the bucket, read directly
@@ -296,8 +294,7 @@ class System(LocalSystem):
                 continue
             if rc == 0 and (name == "learner" or name.startswith("rollout-")):
                 continue
-            tail = (self.logs / f"{name}.log").read_text()[-3000:]
-            raise AssertionError(f"{name} exited with code {rc} without being killed; log tail:\n{tail}")
+            raise AssertionError(f"{name} exited with code {rc} without being killed; log tail:\n{svc.tail()}")
 
     def describe(self) -> str:
         alive = {n: s.alive() for n, s in self.services.items()}
