@@ -221,9 +221,14 @@ def redis_answers(url: str) -> bool:
 
 
 async def create_run(proxy: str, token: str, spec, timeout: float = 60) -> None:
-    """CreateRun with the spec's dataset (read once), retried while the proxy cannot be reached (it
-    may still be starting); a refusal (a bad spec, another run with this id) is raised at once."""
+    """CreateRun with the spec's dataset (read once), retried through whatever may pass (the proxy
+    still starting, a bucket fault while it stores run.pb); a refusal (a bad spec, another run with
+    this id, a wrong token) is raised at once."""
     import grpc
+
+    refusals = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.FAILED_PRECONDITION,
+                grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
+                grpc.StatusCode.UNIMPLEMENTED}
 
     from brigade.datasets import load_prompts
     from brigade.rpc import ProxyClient
@@ -237,6 +242,6 @@ async def create_run(proxy: str, token: str, spec, timeout: float = 60) -> None:
                 await client.runs.CreateRun(request, timeout=20)
                 return
             except grpc.aio.AioRpcError as e:
-                if e.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                if e.code() in refusals or time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(0.3)
