@@ -81,33 +81,117 @@ class Rollout:
         return st_save(tensors, metadata=metadata)
 
 
-def _metadata(data: bytes) -> dict[str, str]:
-    # safetensors header: 8-byte little-endian length, then JSON with "__metadata__"
+@dataclass(frozen=True)
+class Limits:
+    """What the run spec allows one rollout to hold, checked against the safetensors header before
+    any tensor byte is read: a sequence longer than the spec allows never reaches a training step."""
+
+    max_samples: int              # prompts_per_batch x group_size
+    max_completion_tokens: int    # sampling.max_new_tokens
+    max_prompt_tokens: int        # what the model can take besides the completion
+    max_reward_parts: int = 64
+
+    @classmethod
+    def for_spec(cls, prompts_per_batch: int, group_size: int, max_new_tokens: int,
+                 max_positions: int | None = None) -> Limits:
+        room = (max_positions or MAX_PROMPT_TOKENS + max_new_tokens) - max_new_tokens
+        return cls(max(1, prompts_per_batch) * max(1, group_size), max(1, max_new_tokens),
+                   max(1, min(room, MAX_PROMPT_TOKENS)))
+
+
+MAX_HEADER_BYTES = 1 << 20    # the safetensors JSON header (tensor table and metadata)
+MAX_PROMPT_TOKENS = 32_768    # a prompt's tokens when the model does not say its context length
+MAX_REWARD_NAME_CHARS = 256
+LOGPROB_SLACK = 1e-3          # a log-prob is <= 0; rounding in log-softmax may give a hair above
+_DTYPES = {"I64": torch.int64, "I32": torch.int32, "I8": torch.int8, "F32": torch.float32}
+
+
+def _header(data: bytes) -> dict:
+    # safetensors header: 8-byte little-endian length, then a JSON object with "__metadata__"
     if len(data) < 8:
         raise InvalidRollout("rollout object is too short to be safetensors")
     n = int.from_bytes(data[:8], "little")
-    if n > len(data) - 8 or n > 1 << 20:
+    if n > len(data) - 8 or n > MAX_HEADER_BYTES:
         raise InvalidRollout("rollout object has a corrupt safetensors header")
     try:
         header = json.loads(data[8 : 8 + n])
-        return dict(header.get("__metadata__") or {})
-    except (ValueError, AttributeError) as e:
-        raise InvalidRollout(f"rollout object header is not JSON: {e}") from e
+    except (ValueError, RecursionError) as e:  # RecursionError: JSON nested deeper than Python recurses
+        raise InvalidRollout(f"rollout object header is not JSON: {type(e).__name__}") from None
+    if not isinstance(header, dict):
+        raise InvalidRollout("rollout object header is not a JSON object")
+    return header
 
 
-def from_bytes(data: bytes, vocab_size: int | None = None) -> Rollout:
-    """Parse and check a rollout object: dtypes, shapes that agree, token ids inside the vocabulary."""
-    meta = _metadata(data)
+def _metadata(header: dict) -> dict[str, str]:
+    meta = header.get("__metadata__") or {}
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise InvalidRollout("rollout metadata must be a JSON object of strings")
+    return meta
+
+
+def _check_table(header: dict, limits: Limits | None) -> None:
+    """Every tensor's dtype and shape from the header, bounded by the spec, before loading."""
+    for name, (dtype, rank) in SPEC.items():
+        entry = header.get(name)
+        if not isinstance(entry, dict):
+            raise InvalidRollout(f"rollout object lacks tensor {name!r}")
+        shape = entry.get("shape")
+        if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+            raise InvalidRollout(f"tensor {name!r} has no valid shape")
+        got = _DTYPES.get(entry.get("dtype"))
+        if got != dtype or len(shape) != rank:
+            raise InvalidRollout(f"tensor {name!r} is {str(entry.get('dtype'))[:16]} rank {len(shape)}, "
+                                 f"expected {dtype} rank {rank}")
+    if limits is None:
+        return
+    n, p = header["prompt_ids"]["shape"]
+    c, k = header["completion_ids"]["shape"][1], header["reward_parts"]["shape"][1]
+    for what, value, limit in (("samples", n, limits.max_samples), ("completion tokens", c, limits.max_completion_tokens),
+                               ("prompt tokens", p, limits.max_prompt_tokens), ("reward columns", k,
+                                                                                limits.max_reward_parts)):
+        if value > limit:
+            raise InvalidRollout(f"rollout holds {value} {what}; the run allows at most {limit}")
+
+
+def _reward_names(meta: dict[str, str], columns: int) -> list[str]:
+    try:
+        names = json.loads(meta.get("reward_names", "[]"))
+    except (ValueError, RecursionError):
+        raise InvalidRollout("reward_names is not JSON") from None
+    if not isinstance(names, list) or not all(isinstance(x, str) and len(x) <= MAX_REWARD_NAME_CHARS for x in names):
+        raise InvalidRollout("reward_names must be a JSON list of short strings")
+    if names and len(names) != columns:
+        raise InvalidRollout(f"{columns} reward columns but {len(names)} reward names")
+    return names
+
+
+def _check_values(tensors: dict[str, torch.Tensor], vocab_size: int | None) -> None:
+    ids = torch.cat([tensors["prompt_ids"].flatten(), tensors["completion_ids"].flatten()])
+    if ids.min() < 0 or (vocab_size is not None and ids.max() >= vocab_size):
+        raise InvalidRollout(f"token ids outside the vocabulary [0, {vocab_size})")
+    for name in ("prompt_mask", "completion_mask"):
+        if ((tensors[name] != 0) & (tensors[name] != 1)).any():
+            raise InvalidRollout(f"tensor {name!r} holds values other than 0 and 1")
+    logp = tensors["logprobs"]
+    if (torch.isfinite(logp) & (logp > LOGPROB_SLACK)).any():
+        raise InvalidRollout("positive log-probs: a log-probability is never above 0")
+
+
+def from_bytes(data: bytes, vocab_size: int | None = None, limits: Limits | None = None) -> Rollout:
+    """Parse and check a rollout object: the header's dtypes and shapes (within `limits`, before the
+    tensor bytes are read), shapes that agree, masks of 0/1, log-probs <= 0, token ids inside the
+    vocabulary, metadata of the right types. Anything else is InvalidRollout."""
+    header = _header(data)
+    meta = _metadata(header)
     if meta.get("format") != FORMAT:
-        raise InvalidRollout(f"not a brigade rollout (format {meta.get('format')!r}, expected {FORMAT!r})")
+        raise InvalidRollout(f"not a brigade rollout (format {str(meta.get('format'))[:64]!r}, expected {FORMAT!r})")
+    _check_table(header, limits)
     try:
         tensors = st_load(data)
     except (SafetensorError, ValueError, OSError) as e:
         raise InvalidRollout(f"rollout object is not valid safetensors: {e}") from e
     for name, (dtype, rank) in SPEC.items():
-        t = tensors.get(name)
-        if t is None:
-            raise InvalidRollout(f"rollout object lacks tensor {name!r}")
+        t = tensors[name]
         if t.dtype != dtype or t.dim() != rank:
             raise InvalidRollout(f"tensor {name!r} is {t.dtype} rank {t.dim()}, expected {dtype} rank {rank}")
     n = tensors["rewards"].shape[0]
@@ -124,15 +208,13 @@ def from_bytes(data: bytes, vocab_size: int | None = None) -> Rollout:
         raise InvalidRollout("tensor 'reward_parts' does not have one row per sample")
     if n == 0 or c == 0:
         raise InvalidRollout("rollout object holds no samples or no completion tokens")
-    ids = torch.cat([tensors["prompt_ids"].flatten(), tensors["completion_ids"].flatten()])
-    if ids.min() < 0 or (vocab_size is not None and ids.max() >= vocab_size):
-        raise InvalidRollout(f"token ids outside the vocabulary [0, {vocab_size})")
+    _check_values(tensors, vocab_size)
     try:
         attempt, version = int(meta["attempt"]), int(meta["policy_version"])
-        names = json.loads(meta.get("reward_names", "[]"))
     except (KeyError, ValueError) as e:
-        raise InvalidRollout(f"rollout metadata is incomplete: {e}") from e
+        raise InvalidRollout(f"rollout metadata is incomplete: {str(e)[:200]}") from None
+    names = _reward_names(meta, tensors["reward_parts"].shape[1])
     return Rollout(
         run_id=meta.get("run_id", ""), batch_id=meta.get("batch_id", ""), attempt=attempt, policy_version=version,
-        reward_names=list(names), **{name: tensors[name] for name in SPEC},
+        reward_names=names, **{name: tensors[name] for name in SPEC},
     )

@@ -24,7 +24,7 @@ import torch
 
 from brigade.bucket import Bucket, BucketError, CorruptObject, ObjectNotFound
 from brigade.retry import Backoff, retry
-from brigade.rollout_format import InvalidRollout, Rollout, from_bytes
+from brigade.rollout_format import InvalidRollout, Limits, Rollout, from_bytes
 from brigade.store.checks import check_rollout_manifest
 from brigade.store.errors import InvalidArgument
 from brigade.v1 import brigade_pb2 as pb
@@ -37,7 +37,8 @@ FUTURE = "future_version"      # claims a version the learner never published
 FOREIGN_URI = "foreign_uri"    # uri is not keys.rollout_key(run, batch, attempt)
 CORRUPT = "corrupt"            # bytes do not match the manifest's sha256 (or size)
 MISSING = "missing"            # no object at the uri
-INVALID = "invalid"            # not a brigade rollout: not safetensors, wrong dtypes or shapes, ids outside vocab
+INVALID = "invalid"            # not a brigade rollout: not safetensors, wrong dtypes, shapes beyond the spec, ids
+                               # outside vocab, masks not 0/1, positive log-probs, metadata of the wrong types
 MISMATCH = "mismatch"          # valid rollout, but its metadata is not what the manifest says
 EMPTY = "empty"                # every sample was dropped as non-finite
 DUPLICATE = "duplicate"        # the batch was already trained on (not a rejection: acked, not counted)
@@ -109,8 +110,10 @@ def drop_nonfinite(r: Rollout) -> tuple[Rollout, Counter]:
                    reward_names=r.reward_names, **rows), dropped
 
 
-async def fetch(bucket: Bucket, pulled: pb.PulledRollout, run: str, vocab_size: int) -> Accepted:
-    """The learner's whole data path for one manifest; raises Rejected with the reason."""
+async def fetch(bucket: Bucket, pulled: pb.PulledRollout, run: str, vocab_size: int,
+                limits: Limits | None = None) -> Accepted:
+    """The learner's whole data path for one manifest; raises Rejected with the reason. Only the
+    bucket's own errors (BucketError, OSError: transient, retried by the caller) get out otherwise."""
     m = pulled.manifest
     check_manifest(run, m)
     try:
@@ -122,11 +125,15 @@ async def fetch(bucket: Bucket, pulled: pb.PulledRollout, run: str, vocab_size: 
     if m.size_bytes and len(data) != m.size_bytes:
         raise Rejected(CORRUPT, f"object is {len(data)} bytes, manifest says {m.size_bytes}")
     try:
-        rollout = from_bytes(data, vocab_size)
+        rollout = from_bytes(data, vocab_size, limits)
+        check_rollout(rollout, m)
+        rollout, dropped = drop_nonfinite(rollout)
+    except Rejected:
+        raise
     except InvalidRollout as e:
         raise Rejected(INVALID, str(e)) from None
-    check_rollout(rollout, m)
-    rollout, dropped = drop_nonfinite(rollout)
+    except Exception as e:  # noqa: BLE001 - whatever one object does to the parser costs only that object
+        raise Rejected(INVALID, f"unreadable rollout object ({type(e).__name__}: {str(e)[:200]})") from None
     if rollout.num_samples == 0:
         raise Rejected(EMPTY, f"all {sum(dropped.values())} samples had non-finite rewards or log-probs")
     return Accepted(pulled.delivery_id, m, rollout, dropped)
@@ -165,9 +172,9 @@ class Prefetcher:
     """
 
     def __init__(self, pull: PullFn, ack: AckFn, bucket: Bucket, run: str, vocab_size: int, want: int,
-                 consumed: set[str], max_staleness: int):
+                 consumed: set[str], max_staleness: int, limits: Limits | None = None):
         self._pull, self._ack, self._bucket = pull, ack, bucket
-        self.run, self.vocab_size, self.want = run, vocab_size, want
+        self.run, self.vocab_size, self.want, self.limits = run, vocab_size, want, limits
         self.consumed = consumed          # shared with the learner: batch ids already trained on
         self.max_staleness = max_staleness
         self._ready: asyncio.Queue[Accepted | None] = asyncio.Queue()
@@ -239,7 +246,7 @@ class Prefetcher:
 
         try:
             # the store hiccuped (not the object's fault): read again; a Rejected is an answer
-            return await retry(lambda: fetch(self._bucket, p, self.run, self.vocab_size),
+            return await retry(lambda: fetch(self._bucket, p, self.run, self.vocab_size, self.limits),
                                retryable=lambda e: isinstance(e, (BucketError, OSError)), backoff=READ_BACKOFF,
                                attempts=FETCH_ATTEMPTS, on_retry=log_retry)
         except Rejected as e:

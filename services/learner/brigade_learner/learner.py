@@ -81,7 +81,7 @@ class Learner:
         self.crash = CrashPoints.from_env()
         self.prefetch = Prefetcher(self._pull, self._ack_now, bucket, self.run_id, trainer.vocab_size,
                                    want=spec.batches_per_step, consumed=self.state.consumed,
-                                   max_staleness=spec.staleness.max_staleness)
+                                   max_staleness=spec.staleness.max_staleness, limits=trainer.rollout_limits)
 
     # ------------------------------------------------------------ proxy calls (retried while unreachable)
 

@@ -21,7 +21,7 @@ from peft import PeftModel
 
 from brigade import adapters
 from brigade.model import attach_lora, completion_logprobs, load_base, pick_device
-from brigade.rollout_format import Rollout
+from brigade.rollout_format import Limits, Rollout
 from brigade.v1 import brigade_pb2 as pb
 from brigade_learner.loss import aggregate, group_advantages, token_loss, truncated_is_weight
 
@@ -227,6 +227,13 @@ class Trainer:
     @property
     def vocab_size(self) -> int:
         return self.model.get_input_embeddings().num_embeddings
+
+    @property
+    def rollout_limits(self) -> Limits:
+        """The largest rollout this run's spec can produce, and this model can take."""
+        s = self.spec
+        return Limits.for_spec(s.prompts_per_batch, s.sampling.group_size, s.sampling.max_new_tokens,
+                               getattr(getattr(self.model, "config", None), "max_position_embeddings", None))
 
 
 class _Stats:
