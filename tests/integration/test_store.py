@@ -124,7 +124,8 @@ async def test_admission_cap(q):
     await q.leases.complete(run, grants[0].lease.lease_id, "w0", manifest(run, grants[0], "w0"))
     assert not (await q.leases.acquire(run, "w5")).granted  # completed-but-unconsumed still counts
     pulled = await q.learner.pull(run, "L", 10)
-    await q.learner.ack(run, "L", [pulled.rollouts[0][0]], [grants[0].lease.batch.batch_id], [], step=1)
+    # step 0: one batch of a two-batch step makes no step yet
+    await q.learner.ack(run, "L", [pulled.rollouts[0][0]], [grants[0].lease.batch.batch_id], [], step=0)
     assert (await q.leases.acquire(run, "w5")).granted
 
 
@@ -140,11 +141,11 @@ async def test_sync_barrier(q):
 
 
 async def test_max_steps_finishes(q):
-    run = await new_run(q, max_steps=2)
+    run = await new_run(q, max_steps=1)
     g = await q.leases.acquire(run, "w")
     await q.leases.complete(run, g.lease.lease_id, "w", manifest(run, g))
     pulled = await q.learner.pull(run, "L", 5)
-    await q.learner.ack(run, "L", [d for d, _ in pulled.rollouts], [g.lease.batch.batch_id], [], step=2)
+    await q.learner.ack(run, "L", [d for d, _ in pulled.rollouts], [g.lease.batch.batch_id], [], step=1)
     g = await q.leases.acquire(run, "w")
     assert not g.granted and g.reason == "finished"
     assert (await q.views.run_state(run)).finished
@@ -312,13 +313,18 @@ async def test_ack_refusals(q):
 async def test_metrics_last(q):
     run = await new_run(q)
     for step in range(1, 6):
-        await q.learner.ack(run, "L", [], [], [], step=step, metrics_json=f'{{"step": {step}}}')
+        g = await q.leases.acquire(run, "w")
+        await q.leases.complete(run, g.lease.lease_id, "w", manifest(run, g))
+        delivered = [d for d, _ in (await q.learner.pull(run, "L", 1)).rollouts]
+        await q.learner.ack(run, "L", delivered, [g.lease.batch.batch_id], [], step=step,
+                            metrics_json=f'{{"step": {step}}}')
     assert [m.step for m in await q.views.metrics(run, last=2)] == [4, 5]
     assert len(await q.views.metrics(run)) == 5
 
 
 async def test_publish_versions_never_go_back(q):
     run = await new_run(q)
+    assert await q.learner.publish(run, adapter_manifest(run, 1)) == 1
     assert await q.learner.publish(run, adapter_manifest(run, 2)) == 2
     assert await q.learner.publish(run, adapter_manifest(run, 1)) == 2
     assert await q.learner.publish(run, adapter_manifest(run, 2)) == 2  # identical retry is fine
@@ -385,6 +391,7 @@ async def test_remove_stale_manifests_only_undelivered(q):
     await q.leases.complete(run, a.lease.lease_id, "w", manifest(run, a))
     pulled = await q.learner.pull(run, "L", 1)  # the learner holds a
     await q.leases.complete(run, b.lease.lease_id, "w", manifest(run, b))
+    await q.learner.publish(run, adapter_manifest(run, 1))
     await q.learner.publish(run, adapter_manifest(run, 2))
     r = await q.sweeps.remove_stale_manifests(run)
     assert r.stale_removed == 1  # b; a is the learner's to judge
@@ -392,7 +399,7 @@ async def test_remove_stale_manifests_only_undelivered(q):
     assert state.stale_removed == 1 and state.completed == 1
     rejected = await q.redis.hgetall(keys.RunKeys(run).rejected)
     assert rejected == {b.lease.batch.batch_id.encode(): b"stale (janitor)"}
-    await q.learner.ack(run, "L", [pulled.rollouts[0][0]], [], [a.lease.batch.batch_id], step=2)
+    await q.learner.ack(run, "L", [pulled.rollouts[0][0]], [], [a.lease.batch.batch_id], step=0)
     assert (await q.learner.pull(run, "L", 10)).rollouts == []
 
 

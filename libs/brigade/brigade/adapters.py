@@ -13,6 +13,7 @@ import json
 import time
 
 import torch
+from google.protobuf.message import DecodeError
 from peft import PeftModel, get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors import SafetensorError
 from safetensors.torch import load as st_load
@@ -144,7 +145,10 @@ async def _put_once(bucket: Bucket, key: str, data: bytes) -> str:
 async def read_version(bucket: Bucket, run: str, version: int) -> tuple[pb.AdapterManifest, dict[str, bytes]]:
     """The manifest and every file of a version, each checked against its sha256."""
     prefix = keys.adapter_prefix(run, version)
-    manifest = pb.AdapterManifest.FromString(await bucket.get(prefix + MANIFEST))
+    try:
+        manifest = pb.AdapterManifest.FromString(await bucket.get(prefix + MANIFEST))
+    except DecodeError as e:  # permanent, unlike a bucket hiccup: the worker fails the lease, counted
+        raise InvalidAdapter(f"manifest at {prefix} does not parse: {e}") from None
     if manifest.version != version or manifest.run_id != run:
         raise InvalidAdapter(f"manifest at {prefix} says run {manifest.run_id!r} version {manifest.version}")
     files = {}

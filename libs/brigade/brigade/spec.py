@@ -30,7 +30,7 @@ from google.protobuf.message import Message
 from brigade.config import ConfigError
 from brigade.v1 import brigade_pb2 as pb
 
-RUN_ID_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+RUN_ID_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")  # whole string: fullmatch (a $ would accept "a\n")
 _INTERVAL = re.compile(r"^([\[(])(\S+), (\S+)([\])])$")  # "[0, 1)"
 _HALF_LINE = re.compile(r"^(>=|>) (\S+)$")  # ">= 1"
 
@@ -57,7 +57,7 @@ class Field:
         """Why `value` is not allowed here, or None."""
         if self.required and not value:
             return f"is required ({self.doc})"
-        if self.pattern and not self.pattern.match(value):
+        if self.pattern and not self.pattern.fullmatch(value):
             return f"{short_repr(value)} is not {self.doc}"
         if self.choices and value not in self.choices:
             return f"{short_repr(value)} is not one of {sorted(self.choices)}"

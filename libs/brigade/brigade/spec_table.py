@@ -1,7 +1,8 @@
-"""The README's run-spec table, rendered from `brigade.spec.FIELDS` so the two cannot drift.
+"""The README's run-spec table, rendered from `brigade.spec.FIELDS`, and its wire-limits table,
+from `brigade.store.checks.WIRE_BOUNDS`, so neither can drift from its declarations.
 
-`python -m brigade.spec_table` prints it; `python -m brigade.spec_table --readme README.md` (what
-`make spec-table` runs) rewrites the part of README.md between the two marker comments.
+`python -m brigade.spec_table` prints the first; `python -m brigade.spec_table --readme README.md`
+(what `make spec-table` runs) rewrites the parts of README.md between each pair of marker comments.
 """
 
 from __future__ import annotations
@@ -13,9 +14,12 @@ from typing import Any
 import yaml
 
 from brigade.spec import FIELDS, Field
+from brigade.store.checks import MAX_SAFE_INT, WIRE_BOUNDS
 
 BEGIN = "<!-- spec-table:begin (generated from libs/brigade/brigade/spec.py by `make spec-table`) -->"
 END = "<!-- spec-table:end -->"
+BOUNDS_BEGIN = "<!-- bounds-table:begin (generated from libs/brigade/brigade/store/checks.py by `make spec-table`) -->"
+BOUNDS_END = "<!-- bounds-table:end -->"
 
 
 def _default(value: Any) -> str:
@@ -42,13 +46,29 @@ def markdown_table() -> str:
     return "\n".join(rows)
 
 
+def bounds_table() -> str:
+    rows = ["| fields | at most | what |", "|---|---|---|"]
+    grouped: dict[object, list[str]] = {}
+    for name, b in WIRE_BOUNDS.items():  # one row per bound, listing every field it holds
+        grouped.setdefault(b, []).append(name)
+    for b, names in grouped.items():
+        limit = f"{b.limit:,}" + (f" {b.unit}" if b.unit else "") + (", printable" if b.printable else "")
+        rows.append(f"| {', '.join(f'`{n}`' for n in names)} | {limit} | {b.doc} |")
+    rows.append(f"| any other 64-bit integer | {MAX_SAFE_INT:,} | what a Lua number holds exactly |")
+    return "\n".join(rows)
+
+
+def _replace(readme: str, begin: str, end: str, table: str) -> str:
+    head, found_begin, rest = readme.partition(begin)
+    _, found_end, tail = rest.partition(end)
+    if not found_begin or not found_end:
+        raise ValueError(f"the README has no {begin!r} ... {end!r} markers")
+    return f"{head}{begin}\n{table}\n{end}{tail}"
+
+
 def with_table(readme: str) -> str:
-    """`readme` with the text between the markers replaced by the current table."""
-    head, begin, rest = readme.partition(BEGIN)
-    _, end, tail = rest.partition(END)
-    if not begin or not end:
-        raise ValueError(f"the README has no {BEGIN!r} ... {END!r} markers")
-    return f"{head}{BEGIN}\n{markdown_table()}\n{END}{tail}"
+    """`readme` with the text between each pair of markers replaced by the current table."""
+    return _replace(_replace(readme, BEGIN, END, markdown_table()), BOUNDS_BEGIN, BOUNDS_END, bounds_table())
 
 
 def main() -> None:

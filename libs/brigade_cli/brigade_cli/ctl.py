@@ -38,8 +38,18 @@ T = TypeVar("T")
 
 # ---------------------------------------------------------------- plumbing
 
+def shown(value: Any) -> str:
+    """`value` as text safe on an operator's terminal: control characters (escape sequences
+    included) written as Python escapes. Everything ctl prints from the proxy goes through here;
+    anyone holding a worker token chose some of it (ids, messages, capacity_class, engine)."""
+    text = str(value)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
 def _fail(message: str) -> None:
-    typer.echo(f"brigade ctl: {message}", err=True)
+    typer.echo(f"brigade ctl: {shown(message)}", err=True)
     raise typer.Exit(1)
 
 
@@ -74,6 +84,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], empty: str = "(
     """A plain aligned table: numbers right-aligned, text left-aligned, two spaces between."""
     if not rows:
         return empty
+    headers = [shown(h) for h in headers]
     cells = [[_cell(v) for v in row] for row in rows]
     numeric = [all(isinstance(row[i], int | float) and not isinstance(row[i], bool) for row in rows)
                for i in range(len(headers))]
@@ -91,7 +102,7 @@ def _cell(value: Any) -> str:
         return "yes" if value else ""
     if isinstance(value, float):
         return f"{value:.4g}"
-    return str(value)
+    return shown(value)
 
 
 def _when(ms: int) -> str:
@@ -175,7 +186,7 @@ def format_status(s: pb.RunState) -> str:
         ("duplicate completions", s.duplicates),
     ]
     width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+    return "\n".join(f"{k:<{width}}  {shown(v)}" for k, v in rows)
 
 
 @app.command()
@@ -342,7 +353,7 @@ def watch(
                 # the proxy restarted under a watch that was working: resume after the last event
                 if not seen or e.code() != grpc.StatusCode.UNAVAILABLE:
                     raise
-                typer.echo(f"brigade ctl: {describe_rpc_error(e, proxy)}; resuming", err=True)
+                typer.echo(f"brigade ctl: {shown(describe_rpc_error(e, proxy))}; resuming", err=True)
                 await asyncio.sleep(1.0)
 
     try:
@@ -355,8 +366,8 @@ def watch(
 
 def format_event(event: pb.Event) -> str:
     when = datetime.fromtimestamp(event.time_ms / 1000, tz=UTC).strftime("%H:%M:%S.%f")[:-3]
-    attrs = " ".join(f"{k}={v}" for k, v in sorted(event.attrs.items()))
-    return f"{when}  {event.type:<18} {attrs}"
+    attrs = " ".join(f"{shown(k)}={shown(v)}" for k, v in sorted(event.attrs.items()))
+    return f"{when}  {shown(event.type):<18} {attrs}"
 
 
 def _parse_json(text: str) -> Any:
@@ -364,7 +375,7 @@ def _parse_json(text: str) -> Any:
         return None
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested deeper than Python recurses
         return text
 
 
@@ -373,7 +384,7 @@ def _summary(value: Any, limit: int = 60) -> str:
         return "-"
     if isinstance(value, dict):
         parts = [f"{k}={_cell(v)}" for k, v in value.items() if isinstance(v, int | float | str)]
-        text = " ".join(parts)
+        text = shown(" ".join(parts))
     else:
-        text = str(value)
+        text = shown(value)
     return text if len(text) <= limit else text[:limit - 3] + "..."

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from pathlib import Path
 
@@ -39,7 +40,19 @@ async def poll_metrics(proxy: str, token: str, run: str) -> tuple[list[dict], ob
         workers = await client.runs.ListWorkers(pb.RunRef(run_id=run), timeout=5)
     now_ms = time.time() * 1000
     live = sum(1 for w in workers.workers if now_ms - w.last_seen_ms < 30_000)
-    return [json.loads(s.metrics_json) for s in metrics.steps if s.metrics_json], state, live
+    return [m for s in metrics.steps if (m := numeric_metrics(s.metrics_json))], state, live
+
+
+def numeric_metrics(text: str) -> dict:
+    """A step's metrics as the learner writes them (a JSON object), numbers only: anyone holding the
+    token can write a step's metrics_json, and progress must not stop on a string or a list."""
+    try:
+        m = json.loads(text) if text else {}
+    except (ValueError, RecursionError):
+        return {}
+    if not isinstance(m, dict):
+        return {}
+    return {k: v for k, v in m.items() if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)}
 
 
 def progress_line(m: dict, live_workers: int, samples_per_s: float) -> str:

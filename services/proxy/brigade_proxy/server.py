@@ -30,7 +30,7 @@ from brigade.bucket import BucketError
 from brigade.rpc import CHANNEL_OPTIONS, BearerAuthInterceptor, server_credentials
 from brigade.spec import fill_defaults
 from brigade.store import AlreadyExists, InvalidArgument, NotFound, Store, StoreError
-from brigade.store.checks import check_manifest_worker, check_run_spec
+from brigade.store.checks import check_manifest_worker, check_run_spec, check_wire
 from brigade.v1 import brigade_pb2 as pb
 from brigade.v1 import brigade_pb2_grpc as pbg
 
@@ -75,7 +75,7 @@ class Malformed:
 def _safe_deserializer(cls: type) -> Callable[[bytes], Any]:
     def deserialize(data: bytes) -> Any:
         try:
-            return cls.FromString(data)
+            return check_wire(cls.FromString(data))  # every field within its declared bound
         except Exception as e:  # noqa: BLE001 - DecodeError and friends
             return Malformed(cls.DESCRIPTOR.name, e)
 

@@ -38,7 +38,13 @@ class LocalBucket(Bucket):
         return (self.root / check_key(key)).as_uri()
 
     def _path(self, key: str) -> Path:
-        return self.root / check_key(key)
+        """The file of `key`, never outside the root: a symlink under the root that leads out (put
+        there by anyone with write access to the folder) is answered as no such object."""
+        path = self.root / check_key(key)
+        if not path.resolve().is_relative_to(self.root.resolve()):
+            raise ObjectNotFound("the key resolves outside the bucket's folder (a symlink); not followed",
+                                 key=key, uri=self.url(key))
+        return path
 
     async def ensure(self) -> None:
         await asyncio.to_thread(self.root.mkdir, parents=True, exist_ok=True)

@@ -1,12 +1,23 @@
 """Every check of a request's fields, before it reaches Redis: ids, stream ids, batch ids, the
 worker's self-description, run specs, rollout and adapter manifests. Each raises InvalidArgument
-with a message that names the field."""
+with a message that names the field.
+
+`WIRE_BOUNDS` declares, once, the bound of every string, bytes, list and map field of every
+request message (characters, bytes or entries), and integers are held to `MAX_SAFE_INT` unless
+listed; `check_wire` applies the table to a whole request as the proxy parses it, so nothing
+unbounded gets as far as a handler, Redis or Lua. The README's limits table is made from it.
+"""
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
+
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
 
 from brigade import keys
 from brigade.config import ConfigError
@@ -16,9 +27,168 @@ from brigade.v1 import brigade_pb2 as pb
 
 MAX_ID_CHARS = 256            # worker, learner, lease, batch and run ids
 MAX_IDS_PER_ACK = 10_000
-MAX_METRICS_JSON = 1_000_000  # bytes of one AckRollouts' metrics_json
-STREAM_ID_RE = re.compile(r"^[0-9]{1,20}-[0-9]{1,20}$")
-HEX64_RE = re.compile(r"^[0-9a-f]{64}$")
+MAX_METRICS_JSON = 16_384     # UTF-8 bytes of one AckRollouts' metrics_json (a step's metrics are ~2 KB)
+METRICS_KEPT = 1_000          # steps of metrics kept in Redis and returned by GetMetrics: 16 MB a run at most
+MAX_SAFE_INT = 2**53 - 1      # Lua numbers are doubles: an integer above this is rounded, or wraps
+MAX_PROMPTS = 200_000         # prompts of one CreateRun
+MAX_TEXT = 65_536             # characters of one prompt, one dataset column, a FailLease message
+MAX_LABEL = 64                # capacity_class, engine, payload and the spec's choice fields
+MAX_URI = 1_024
+MAX_RUNS = 1_000              # runs one Redis holds; CreateRun beyond it is RESOURCE_EXHAUSTED
+MAX_WORKERS_PER_RUN = 4_096   # distinct worker ids seen (and not yet pruned) per run; more: RESOURCE_EXHAUSTED
+MAX_MANIFEST_BYTES = 8_192   # a rollout manifest with every field at its bound (tests/unit/test_wire_bounds.py)
+STREAM_ID_RE = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
+HEX64_RE = re.compile(r"[0-9a-f]{64}")
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The most a field may hold: characters of a string, bytes, entries of a list or map, or the
+    largest integer. `printable` refuses control characters too (ids and labels)."""
+
+    limit: int
+    doc: str
+    printable: bool = False
+    entries_unchecked: bool = False  # a list whose entries only the request's size limit bounds
+    unit: str = "characters"         # or "entries" (a list or map), "" (an integer)
+
+
+def _id(doc: str) -> Bound:
+    return Bound(MAX_ID_CHARS, doc, printable=True)
+
+
+def _label(doc: str) -> Bound:
+    return Bound(MAX_LABEL, doc, printable=True)
+
+
+# "Message.field" -> its bound; "Message.field[]" is each entry of a repeated string field
+WIRE_BOUNDS: dict[str, Bound] = {
+    # ids, everywhere
+    **{f"{m}.run_id": _id("a run id") for m in (
+        "AcquireLeaseRequest", "HeartbeatRequest", "CompleteLeaseRequest", "FailLeaseRequest", "PullRolloutsRequest",
+        "AckRolloutsRequest", "PublishAdapterRequest", "RunSpec", "RunRef", "WatchRunRequest", "GetMetricsRequest",
+        "RolloutManifest", "AdapterManifest")},
+    **{f"{m}.worker_id": _id("a worker id") for m in (
+        "AcquireLeaseRequest", "HeartbeatRequest", "CompleteLeaseRequest", "FailLeaseRequest", "RolloutManifest")},
+    **{f"{m}.lease_id": _id("a lease id (a work stream entry id)") for m in (
+        "HeartbeatRequest", "CompleteLeaseRequest", "FailLeaseRequest")},
+    "PullRolloutsRequest.learner_id": _id("a learner id"),
+    "AckRolloutsRequest.learner_id": _id("a learner id"),
+    "WatchRunRequest.after_id": _id("an event id"),
+    "RolloutManifest.batch_id": _id("a batch id"),
+    # the worker's self-description, kept per worker and shown by `ctl workers`
+    **{f"{m}.{f}": _label(f"a worker's {f}") for m in ("AcquireLeaseRequest", "RolloutManifest")
+       for f in ("capacity_class", "engine")},
+    "RolloutManifest.adapter_payload": _label("the adapter payload a rollout was generated with"),
+    "RolloutManifest.uri": Bound(MAX_URI, "the rollout object's key"),
+    "RolloutManifest.text_uri": Bound(MAX_URI, "the rollout's text sidecar key"),
+    "RolloutManifest.sha256": Bound(64, "hex digest", printable=True),
+    "FailLeaseRequest.message": Bound(MAX_TEXT, "why a lease failed (the first 500 characters are kept)"),
+    # the learner's side
+    "AckRolloutsRequest.delivery_ids": Bound(MAX_IDS_PER_ACK, "delivery ids of one ack", unit="entries"),
+    "AckRolloutsRequest.delivery_ids[]": _id("a delivery id"),
+    "AckRolloutsRequest.consumed_batch_ids": Bound(MAX_IDS_PER_ACK, "consumed batch ids of one ack", unit="entries"),
+    "AckRolloutsRequest.consumed_batch_ids[]": _id("a batch id"),
+    "AckRolloutsRequest.rejected_batch_ids": Bound(MAX_IDS_PER_ACK, "rejected batch ids of one ack", unit="entries"),
+    "AckRolloutsRequest.rejected_batch_ids[]": _id("a batch id"),
+    "AckRolloutsRequest.metrics_json": Bound(MAX_METRICS_JSON, "one step's metrics, kept in Redis"),
+    "AckRolloutsRequest.step": Bound(MAX_SAFE_INT, "also: at most the steps the consumed batches make", unit=""),
+    "AdapterManifest.uri": Bound(MAX_URI, "the adapter folder"),
+    "AdapterManifest.payload": _label("bf16 or int8"),
+    "AdapterManifest.files": Bound(64, "files of one adapter version", unit="entries"),
+    "AdapterManifest.version": Bound(MAX_SAFE_INT, "also: the latest version + 1, or a republish", unit=""),
+    "AdapterFile.name": Bound(MAX_ID_CHARS, "a file name", printable=True),
+    "AdapterFile.sha256": Bound(64, "hex digest", printable=True),
+    # CreateRun
+    # prompts are data, stored as sent: checking each of 200,000 would hold the event loop for a
+    # second, so their text and columns are bounded by the CreateRun message's size alone
+    "CreateRunRequest.prompts": Bound(MAX_PROMPTS, "prompts of one run (each bounded by the message size)",
+                                      entries_unchecked=True, unit="entries"),
+    "RunSpec.model": Bound(MAX_URI, "a model id, folder or URI"),
+    "RunSpec.dataset": Bound(MAX_URI, "a dataset path or URI"),
+    "RunSpec.eval_dataset": Bound(MAX_URI, "a dataset path or URI"),
+    "RunSpec.seed": Bound(2**64 - 1, "any uint64 (hashed in Python, never given to Lua)", unit=""),
+    "RunSpec.rewards": Bound(64, "reward functions of one run", unit="entries"),
+    "RewardSpec.function": Bound(MAX_ID_CHARS, "a reward function's name"),
+    "LoraSpec.target_modules": Bound(256, "module names", unit="entries"),
+    "LoraSpec.target_modules[]": Bound(MAX_ID_CHARS, "a module name"),
+    **{f"{m}.{f}": _label("one of the spec's choices") for m, f in (
+        ("RunSpec", "dtype"), ("RunSpec", "device"), ("RunSpec", "adapter_payload"), ("GrpoSpec", "loss_agg"),
+        ("GrpoSpec", "scale_rewards"), ("GrpoSpec", "lr_schedule"))},
+}
+
+
+_STRING = (FieldDescriptor.TYPE_STRING, FieldDescriptor.TYPE_BYTES)
+_WIDE_INT = (FieldDescriptor.CPPTYPE_INT64, FieldDescriptor.CPPTYPE_UINT64)
+
+
+def _scalar_problem(owner: str, bound: Bound, is_string: bool, value) -> str | None:
+    if is_string:
+        if len(value) > bound.limit:
+            return f"{owner} is {len(value)} long; the limit is {bound.limit}"
+        if bound.printable and not value.isprintable():
+            return f"{owner} {short(value)} contains control characters"
+    elif abs(value) > bound.limit:
+        return f"{owner} is {value}; the limit is {bound.limit}"
+    return None
+
+
+@functools.cache
+def _plan(descriptor) -> tuple[tuple, ...]:
+    """What to check on a message type, once per type: (name, owner, kind, bound, entry bounds)."""
+    plan = []
+    for f in descriptor.fields:
+        owner = f"{descriptor.name}.{f.name}"
+        is_map = bool(f.message_type and f.message_type.GetOptions().map_entry)
+        if f.is_repeated:
+            if is_map:
+                entry = f.message_type
+                kv = tuple((f"{entry.name}.{n}", WIRE_BOUNDS[f"{entry.name}.{n}"]) for n in ("key", "value"))
+                plan.append((f.name, owner, "map", WIRE_BOUNDS[owner], kv))
+            elif f.message_type:
+                plan.append((f.name, owner, "messages", WIRE_BOUNDS[owner], None))
+            else:
+                item = WIRE_BOUNDS.get(owner + "[]", Bound(MAX_SAFE_INT, "")) if f.type in _STRING else None
+                plan.append((f.name, owner, "strings" if item else "numbers", WIRE_BOUNDS[owner], item))
+        elif f.message_type:
+            plan.append((f.name, owner, "message", None, None))
+        elif f.type in _STRING:
+            plan.append((f.name, owner, "string", WIRE_BOUNDS[owner], None))
+        elif f.cpp_type in _WIDE_INT:
+            plan.append((f.name, owner, "int", WIRE_BOUNDS.get(owner, Bound(MAX_SAFE_INT, "", unit="")), None))
+    return tuple(plan)
+
+
+def wire_problem(msg: Message) -> str | None:
+    """The first field of `msg` (recursively) beyond its declared bound, or None."""
+    for name, owner, kind, bound, more in _plan(msg.DESCRIPTOR):
+        value = getattr(msg, name)
+        if kind == "string" or kind == "int":
+            problem = _scalar_problem(owner, bound, kind == "string", value)
+        elif kind == "message":
+            problem = wire_problem(value) if msg.HasField(name) else None
+        elif len(value) > bound.limit:
+            problem = f"{owner} has {len(value)} entries; the limit is {bound.limit}"
+        elif kind == "messages" and not bound.entries_unchecked:
+            problem = next((p for item in value if (p := wire_problem(item))), None)
+        elif kind == "strings":
+            problem = next((p for item in value if (p := _scalar_problem(owner + "[]", more, True, item))), None)
+        elif kind == "map":
+            (kn, kb), (vn, vb) = more
+            problem = next((p for k, v in value.items()
+                            if (p := _scalar_problem(kn, kb, True, k) or _scalar_problem(vn, vb, True, v))), None)
+        else:
+            problem = None
+        if problem:
+            return problem
+    return None
+
+
+def check_wire(msg: Message) -> Message:
+    """`msg` if every field is within WIRE_BOUNDS; InvalidArgument naming the first that is not."""
+    if problem := wire_problem(msg):
+        raise InvalidArgument(problem)
+    return msg
 
 
 def short(value: str, limit: int = 80) -> str:
@@ -27,9 +197,18 @@ def short(value: str, limit: int = 80) -> str:
 
 
 def check_short(name: str, value: str) -> str:
-    """At most MAX_ID_CHARS characters (empty is fine)."""
+    """At most MAX_ID_CHARS printable characters (empty is fine)."""
     if len(value) > MAX_ID_CHARS:
         raise InvalidArgument(f"{name} is {len(value)} characters long; the limit is {MAX_ID_CHARS}")
+    if not value.isprintable():
+        raise InvalidArgument(f"{name} {short(value)} contains control characters")
+    return value
+
+
+def check_within(name: str, value: int, limit: int = MAX_SAFE_INT) -> int:
+    """An integer Lua holds exactly (the proxy's wire check says the same; this is for direct callers)."""
+    if not 0 <= value <= limit:
+        raise InvalidArgument(f"{name} is {value}; it must be in [0, {limit}]")
     return value
 
 
@@ -37,15 +216,12 @@ def check_id(name: str, value: str) -> str:
     """A non-empty id of at most MAX_ID_CHARS printable characters."""
     if not value:
         raise InvalidArgument(f"{name} is required")
-    check_short(name, value)
-    if not value.isprintable():
-        raise InvalidArgument(f"{name} {short(value)} contains control characters")
-    return value
+    return check_short(name, value)
 
 
 def check_stream_id(name: str, value: str) -> str:
     check_id(name, value)
-    if not STREAM_ID_RE.match(value):
+    if not STREAM_ID_RE.fullmatch(value):
         raise InvalidArgument(f"{name} {short(value)} is not a stream entry id like '1712345678901-0'")
     return value
 
@@ -84,8 +260,9 @@ def check_fail_reason(reason: int) -> bool:
 
 
 def check_metrics_json(value: str) -> str:
-    if len(value) > MAX_METRICS_JSON:
-        raise InvalidArgument("metrics_json is larger than 1 MB")
+    size = len(value.encode("utf-8", "surrogatepass"))
+    if size > MAX_METRICS_JSON:
+        raise InvalidArgument(f"metrics_json is {size} bytes; the limit is {MAX_METRICS_JSON}")
     return value
 
 
@@ -124,6 +301,8 @@ def check_rollout_manifest(run: str, m: pb.RolloutManifest) -> None:
     """Everything about a rollout manifest that does not depend on the lease: the proxy checks it
     on CompleteLease, the learner again before it reads the object the manifest points at."""
     problems = _run_mismatch(run, m.run_id)
+    if problem := wire_problem(m):
+        problems.append(problem)
     if not m.batch_id or len(m.batch_id) > MAX_ID_CHARS:
         problems.append("batch_id is required (at most 256 characters)")
     else:
@@ -141,7 +320,7 @@ def check_rollout_manifest(run: str, m: pb.RolloutManifest) -> None:
     expected_text = keys.rollout_text_key(run, m.batch_id, m.attempt)
     if m.text_uri and m.text_uri != expected_text:
         problems.append(f"text_uri {short(m.text_uri)} must be empty or exactly {expected_text!r}")
-    if not HEX64_RE.match(m.sha256):
+    if not HEX64_RE.fullmatch(m.sha256):
         problems.append(f"sha256 {short(m.sha256)} must be 64 lowercase hex characters")
     if m.num_samples < 1:
         problems.append("num_samples must be > 0")
@@ -155,8 +334,10 @@ def check_rollout_manifest(run: str, m: pb.RolloutManifest) -> None:
 
 def check_adapter_manifest(run: str, m: pb.AdapterManifest) -> None:
     problems = _run_mismatch(run, m.run_id)
-    if m.version < 1:
-        problems.append("version must be >= 1 (0 is the base adapter, never published)")
+    if not 1 <= m.version <= MAX_SAFE_INT:
+        problems.append(f"version must be in [1, {MAX_SAFE_INT}] (0 is the base adapter, never published)")
+    if m.step > MAX_SAFE_INT:
+        problems.append(f"step must be at most {MAX_SAFE_INT}")
     folder = keys.adapter_prefix(run, m.version).rstrip("/")
     uri = m.uri.rstrip("/")
     # the key itself, or a full URI (s3://bucket/prefix/..., file:///...) that ends with it

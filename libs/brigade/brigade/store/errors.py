@@ -25,10 +25,15 @@ class AlreadyExists(StoreError):
     code = "ALREADY_EXISTS"
 
 
+class ResourceExhausted(StoreError):
+    code = "RESOURCE_EXHAUSTED"
+
+
 # the `kind` of a script's {'err', kind, message} reply
 BY_KIND = {
     "invalid": InvalidArgument,
     "not_found": NotFound,
     "failed_precondition": FailedPrecondition,
     "exists": AlreadyExists,
+    "exhausted": ResourceExhausted,
 }

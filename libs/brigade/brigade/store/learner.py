@@ -9,11 +9,14 @@ import redis.asyncio as aioredis
 
 from brigade import keys
 from brigade.store.checks import (
+    MAX_MANIFEST_BYTES,
+    METRICS_KEPT,
     check_ack_ids,
     check_adapter_manifest,
     check_id,
     check_metrics_json,
     check_short,
+    check_within,
     require_manifest,
 )
 from brigade.store.runs import Runs
@@ -22,6 +25,8 @@ from brigade.v1 import brigade_pb2 as pb
 
 MAX_BLOCK_MS = 30_000         # long polls (PullRollouts, WatchRun) block at most this long per call
 MAX_PULL = 1_000
+PULL_REPLY_BYTES = 8 << 20    # a PullRollouts reply is at most MAX_PULL manifests of MAX_MANIFEST_BYTES each
+assert MAX_PULL * (MAX_MANIFEST_BYTES + 64) <= PULL_REPLY_BYTES
 
 
 @dataclass
@@ -62,7 +67,8 @@ class Learner:
         out, gone = [], []
         for _stream, entries in res or []:
             for entry_id, fields in entries:
-                if not fields or b"m" not in fields:  # deleted after delivery (stale removal)
+                # deleted after delivery (stale removal), or stored before manifests had a size bound
+                if not fields or len(fields.get(b"m", b"")) not in range(1, MAX_MANIFEST_BYTES + 1):
                     gone.append(entry_id)
                     continue
                 out.append((text(entry_id), pb.RolloutManifest.FromString(fields[b"m"])))
@@ -75,11 +81,13 @@ class Learner:
         check_id("run_id", run)
         check_short("learner_id", learner)
         check_metrics_json(metrics_json)
-        k = (await self.runs.get(run)).keys
+        check_within("step", step)
+        ri = await self.runs.get(run)
         check_ack_ids(run, delivery_ids, consumed, rejected)
         acked, _consumed, _rejected = await self.scripts.ack(
-            k, step=step, metrics_json=metrics_json, n_deliveries=len(delivery_ids), n_consumed=len(consumed),
-            learner=learner, ids=[*delivery_ids, *consumed, *rejected])
+            ri.keys, step=step, metrics_json=metrics_json, n_deliveries=len(delivery_ids), n_consumed=len(consumed),
+            learner=learner, batches_per_step=max(1, ri.spec.batches_per_step), metrics_maxlen=METRICS_KEPT,
+            ids=[*delivery_ids, *consumed, *rejected])
         return int(acked)
 
     async def publish(self, run: str, manifest: pb.AdapterManifest | None) -> int:

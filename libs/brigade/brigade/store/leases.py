@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from brigade import keys
 from brigade.store.checks import (
+    MAX_WORKERS_PER_RUN,
     check_fail_reason,
     check_id,
     check_lease_ref,
@@ -74,7 +75,8 @@ class Leases:
             ri.keys, worker=worker, lease_prefix=ri.lease_prefix, lease_ms=ri.lease_ms,
             batches_per_epoch=ri.batches_per_epoch, total_batches=ri.total_batches, capacity=ri.capacity,
             batches_per_step=max(1, spec.batches_per_step), sync=int(spec.sync), max_steps=spec.max_steps, run=run,
-            worker_info=info.SerializeToString(), lease_ttl_ms=ri.lease_ttl_ms)
+            worker_info=info.SerializeToString(), lease_ttl_ms=ri.lease_ttl_ms,
+            max_workers=MAX_WORKERS_PER_RUN)
         reason = text(outcome)
         if reason != "granted":
             return pb.AcquireLeaseResponse(granted=False, reason=reason,

@@ -11,12 +11,16 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 import redis.asyncio as aioredis
+import structlog
 
 from brigade import keys
-from brigade.store.checks import check_id, check_run_spec, short
+from brigade.spec import RUN_ID_RE
+from brigade.store.checks import MAX_RUNS, check_id, check_run_spec, short
 from brigade.store.errors import AlreadyExists, NotFound
 from brigade.store.scripts import Scripts, text
 from brigade.v1 import brigade_pb2 as pb
+
+log = structlog.get_logger()
 
 
 class RunInfo:
@@ -76,7 +80,13 @@ class Runs:
         self._cache: dict[str, RunInfo] = {}
 
     async def ids(self) -> list[str]:
-        return sorted(text(r) for r in await self.redis.smembers(keys.RUNS_SET))
+        """The runs of this Redis. One whose id is not a valid run id (stored before ids were
+        checked whole) is logged and skipped: it must not make ListRuns fail for everyone."""
+        found = sorted(text(r) for r in await self.redis.smembers(keys.RUNS_SET))
+        bad = [r for r in found if not RUN_ID_RE.fullmatch(r)]
+        if bad:
+            log.warning("invalid_run_ids_skipped", run_ids=[short(r) for r in bad[:10]], count=len(bad))
+        return [r for r in found if RUN_ID_RE.fullmatch(r)]
 
     async def get(self, run: str) -> RunInfo:
         """The cached spec and prompts of `run`; NotFound with the known runs if there is none."""
@@ -119,7 +129,7 @@ class Runs:
                 p.pexpire(staged, 600_000)
                 await p.execute()
             outcome, *rest = await self.scripts.create_run(
-                k, staged=staged, runs=keys.RUNS_SET, spec_bytes=spec_bytes, run=run, now=int(time.time() * 1000))
+                k, staged=staged, runs=keys.RUNS_SET, spec_bytes=spec_bytes, run=run, now=int(time.time() * 1000), max_runs=MAX_RUNS)
             if text(outcome) == "created":
                 return True
             existing = rest[0]

@@ -12,7 +12,8 @@ from brigade.store.runs import RunInfo, Runs
 from brigade.store.scripts import Script, Scripts, text
 
 SWEEP_COUNT = 200             # entries one sweep script call looks at
-CONSUMER_IDLE_MS = 3_600_000  # group consumers idle this long and holding nothing are forgotten
+CONSUMER_IDLE_MS = 3_600_000  # group consumers idle this long and holding nothing are forgotten (workers' stats too)
+PRUNE_SLICE = 100             # consumers one prune script call deletes
 
 
 @dataclass
@@ -63,12 +64,18 @@ class Sweeps:
         return SweepResult(stale_removed=removed)
 
     async def prune_consumers(self, run: str, min_idle_ms: int = CONSUMER_IDLE_MS) -> int:
-        """Forget group consumers (worker / learner ids) idle for `min_idle_ms` that hold nothing."""
+        """Forget group consumers (worker / learner ids) idle for `min_idle_ms` that hold nothing,
+        and those workers' stats (which frees their places under MAX_WORKERS_PER_RUN). The list is
+        read once (at most that many workers, plus the learners) and deleted PRUNE_SLICE at a time."""
         k = (await self.runs.get(run)).keys
         removed = 0
-        for stream, group in ((k.work, keys.WORK_GROUP), (k.rollouts, keys.LEARNER_GROUP)):
-            (n,) = await self.scripts.prune_consumers(stream=stream, group=group, min_idle_ms=min_idle_ms)
-            removed += int(n)
+        for stream, group, forget in ((k.work, keys.WORK_GROUP, 1), (k.rollouts, keys.LEARNER_GROUP, 0)):
+            idle = [c["name"] for c in await self.redis.xinfo_consumers(stream, group)
+                    if int(c["pending"]) == 0 and int(c["idle"]) > min_idle_ms]
+            for i in range(0, len(idle), PRUNE_SLICE):
+                (n,) = await self.scripts.prune_consumers(stream=stream, workers=k.workers, stats=k.stats, group=group,
+                                                          forget_workers=forget, names=idle[i:i + PRUNE_SLICE])
+                removed += int(n)
         return removed
 
     async def sweep(self, run: str) -> SweepResult:

@@ -9,7 +9,7 @@ import redis.asyncio as aioredis
 from google.protobuf.message import DecodeError
 
 from brigade import keys
-from brigade.store.checks import check_id, check_stream_id
+from brigade.store.checks import METRICS_KEPT, check_id, check_stream_id
 from brigade.store.learner import MAX_BLOCK_MS
 from brigade.store.runs import Runs
 from brigade.store.scripts import number, text
@@ -119,9 +119,9 @@ class Views:
     async def metrics(self, run: str, last: int = 0) -> list[pb.StepMetrics]:
         k = (await self.runs.get(run)).keys
         if last > 0:
-            rows = list(reversed(await self.redis.xrevrange(k.metrics, "+", "-", count=min(last, LIST_LIMIT))))
-        else:
-            rows = await self.redis.xrange(k.metrics, "-", "+", count=LIST_LIMIT)
+            rows = list(reversed(await self.redis.xrevrange(k.metrics, "+", "-", count=min(last, METRICS_KEPT))))
+        else:  # the newest METRICS_KEPT (the stream's MAXLEN is approximate): a reply under 16 MB
+            rows = list(reversed(await self.redis.xrevrange(k.metrics, "+", "-", count=METRICS_KEPT)))
         return [pb.StepMetrics(step=number(f.get(b"step")), metrics_json=text(f.get(b"json"))) for _, f in rows]
 
     async def dead_letters(self, run: str) -> list[pb.DeadLetter]:

@@ -1,15 +1,31 @@
 -- The learner's checkpoint covers these: ack the deliveries, record consumed / rejected batches,
 -- move the learner step forward, keep the step's metrics.
 -- KEYS: rollouts consumed rejected learner_step metrics stats events completed
--- ARGV: step metrics_json n_deliveries n_consumed learner ids...
+-- ARGV: step metrics_json n_deliveries n_consumed learner batches_per_step metrics_maxlen ids...
 -- Reply: {'ok', acked, consumed, rejected} | {'err', kind, message}
 -- ids: n_deliveries delivery ids, then n_consumed consumed batch ids, then the rejected batch ids.
+-- A step is at most what the consumed batches make (batches_per_step each): a forged step far
+-- ahead (2^64 - 1) would otherwise finish the run for good. Checked before anything changes.
 local ids = A.ids
 local nd, nc = tonumber(A.n_deliveries), tonumber(A.n_consumed)
 for i = nd + 1, #ids do
   if redis.call('SISMEMBER', K.completed, ids[i]) == 0 then
     return refuse('invalid', 'batch ' .. ids[i] .. ' was never completed in this run')
   end
+end
+local step = tonumber(A.step)
+local new = {}
+for i = nd + 1, nd + nc do
+  if redis.call('SISMEMBER', K.consumed, ids[i]) == 0 and redis.call('HEXISTS', K.rejected, ids[i]) == 0 then
+    new[ids[i]] = true
+  end
+end
+local will_consume = redis.call('SCARD', K.consumed)
+for _ in pairs(new) do will_consume = will_consume + 1 end
+local reachable = math.floor(will_consume / tonumber(A.batches_per_step))
+if step > reachable then
+  return refuse('invalid', 'step ' .. A.step .. ' is beyond what ' .. fmt(will_consume) ..
+                ' consumed batches make (' .. fmt(reachable) .. ' steps)')
 end
 local acked = 0
 for i = 1, nd do
@@ -28,7 +44,6 @@ for i = nd + nc + 1, #ids do
     redis.call('HINCRBY', K.stats, 'rejected', 1)
   end
 end
-local step = tonumber(A.step)
 local old = tonumber(redis.call('GET', K.learner_step) or '-1')
 if step > old then
   redis.call('SET', K.learner_step, A.step)
@@ -40,6 +55,6 @@ if step > old then
 end
 if A.metrics_json ~= '' and step > tonumber(redis.call('HGET', K.stats, 'metrics_step') or '-1') then
   redis.call('HSET', K.stats, 'metrics_step', A.step)
-  redis.call('XADD', K.metrics, 'MAXLEN', '~', 10000, '*', 'step', A.step, 'json', A.metrics_json)
+  redis.call('XADD', K.metrics, 'MAXLEN', '~', A.metrics_maxlen, '*', 'step', A.step, 'json', A.metrics_json)
 end
 return {'ok', acked, consumed, rejected}

@@ -1,12 +1,19 @@
 -- Grant a lease: work that came back first, else cut the next batch (admission and the sync
 -- barrier permitting).
--- KEYS: work rollouts cursor adapter_latest learner_step workers events
+-- KEYS: work rollouts cursor adapter_latest learner_step workers stats events
 -- ARGV: worker lease_prefix lease_ms batches_per_epoch total_batches capacity batches_per_step sync
--- ARGV: max_steps run worker_info lease_ttl_ms
+-- ARGV: max_steps run worker_info lease_ttl_ms max_workers
 -- Reply: {'ok', 'granted', lease id, batch, attempt, version, deadline_ms}
 --      | {'ok', 'finished' | 'admission' | 'sync_barrier', how far over (outstanding or the version waited for)}
+--      | {'err', 'exhausted', message} (a new worker id beyond max_workers)
 -- total_batches 0 = unbounded; sync '1' = wait for the adapter of the previous step.
+-- stats.workers counts the worker ids with state here; prune_workers.lua forgets idle ones.
 local worker = A.worker
+local new_worker = redis.call('HEXISTS', K.workers, 'info:' .. worker) == 0
+if new_worker and tonumber(redis.call('HGET', K.stats, 'workers') or '0') >= tonumber(A.max_workers) then
+  return refuse('exhausted', 'this run has ' .. A.max_workers .. ' worker ids, the most it keeps; ' ..
+                'idle ones are forgotten after an hour')
+end
 local max_steps = tonumber(A.max_steps)
 if max_steps > 0 and tonumber(redis.call('GET', K.learner_step) or '0') >= max_steps then
   return {'ok', 'finished', 0}
@@ -50,6 +57,7 @@ redis.call('PEXPIRE', lk, A.lease_ttl_ms)
 redis.call('HINCRBY', K.workers, 'granted:' .. worker, 1)
 redis.call('HSET', K.workers, 'seen:' .. worker, fmt(now))
 if redis.call('HSET', K.workers, 'info:' .. worker, A.worker_info) == 1 then
+  redis.call('HINCRBY', K.stats, 'workers', 1)
   event(K.events, 'WorkerSeen', 'worker', worker)
 end
 event(K.events, 'LeaseGranted', 'lease', id, 'batch', batch, 'attempt', fmt(attempt), 'worker', worker,

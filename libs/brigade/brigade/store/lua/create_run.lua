@@ -1,11 +1,15 @@
 -- Store a run: the prompts (staged under `staged` by the caller), the spec, the two consumer groups.
 -- KEYS: spec prompts staged work rollouts runs stats events
--- ARGV: spec_bytes run now
--- Reply: {'ok', 'created'} | {'ok', 'exists', existing spec bytes}
+-- ARGV: spec_bytes run now max_runs
+-- Reply: {'ok', 'created'} | {'ok', 'exists', existing spec bytes} | {'err', 'exhausted', message}
 local existing = redis.call('GET', K.spec)
 if existing then
   redis.call('DEL', K.staged)
   return {'ok', 'exists', existing}
+end
+if redis.call('SCARD', K.runs) >= tonumber(A.max_runs) then
+  redis.call('DEL', K.staged)
+  return refuse('exhausted', 'this Redis holds ' .. A.max_runs .. ' runs, the most it takes; delete old runs first')
 end
 redis.call('RENAME', K.staged, K.prompts)
 redis.call('PERSIST', K.prompts)

@@ -1,16 +1,23 @@
 -- Consumers (one per worker id, one per learner id) stay in a group forever unless deleted; spot
--- fleets mint new worker ids all day. Drop the ones idle for long that hold nothing. Checking
--- `pending` and deleting in one script matters: DELCONSUMER discards a consumer's pending entries,
--- which must never be a lease granted in between.
--- KEYS: stream
--- ARGV: group min_idle_ms
+-- fleets mint new worker ids all day. Drop the given ones (the caller picked those idle for long,
+-- a slice at a time, so one call never holds Redis long) if they still hold nothing: checking
+-- `pending` and deleting in one script matters, DELCONSUMER discards a consumer's pending entries,
+-- which must never be a lease granted in between. With forget_workers '1' the worker's stats go
+-- too, and stats.workers (the per-run cap's count) goes down.
+-- KEYS: stream workers stats
+-- ARGV: group forget_workers names...
 -- Reply: {'ok', consumers removed}
 local removed = 0
-for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', K.stream, A.group)) do
-  local m = tomap(c)
-  if tonumber(m['pending']) == 0 and tonumber(m['idle']) > tonumber(A.min_idle_ms) then
-    redis.call('XGROUP', 'DELCONSUMER', K.stream, A.group, m['name'])
+for _, name in ipairs(A.names) do
+  if #redis.call('XPENDING', K.stream, A.group, '-', '+', 1, name) == 0 then
+    redis.call('XGROUP', 'DELCONSUMER', K.stream, A.group, name)
     removed = removed + 1
+    if A.forget_workers == '1' then
+      redis.call('HDEL', K.workers, 'seen:' .. name, 'granted:' .. name, 'completed:' .. name)
+      if redis.call('HDEL', K.workers, 'info:' .. name) == 1 and redis.call('HINCRBY', K.stats, 'workers', -1) < 0 then
+        redis.call('HSET', K.stats, 'workers', 0)
+      end
+    end
   end
 end
 return {'ok', removed}

@@ -1,13 +1,20 @@
 -- Record an adapter version (never overwritten) and move `adapter_latest` forward, never back.
 -- KEYS: adapters adapter_latest events
 -- ARGV: version manifest uri step
--- Reply: {'ok', latest version} | {'err', 'exists', message}
+-- Reply: {'ok', latest version} | {'err', 'exists' | 'invalid', message}
+-- A new version is exactly latest + 1 (an older one may still be recorded, an identical one
+-- republished): a version far ahead would make every lease ask for an adapter that never comes.
+-- The caller keeps versions below 2^53, so Lua's doubles hold them exactly.
 local old = redis.call('HGET', K.adapters, A.version)
 if old and old ~= A.manifest then
   return refuse('exists', 'adapter version ' .. A.version ..
                 ' was already published with a different manifest; versions are never overwritten')
 end
 local latest = tonumber(redis.call('GET', K.adapter_latest) or '0')
+if not old and tonumber(A.version) > latest + 1 then
+  return refuse('invalid', 'adapter version ' .. A.version .. ' skips ahead of the latest, ' .. fmt(latest) ..
+                '; publish ' .. fmt(latest + 1) .. ' next')
+end
 if not old then
   redis.call('HSET', K.adapters, A.version, A.manifest)
   if tonumber(A.version) > latest then
