@@ -15,6 +15,7 @@ from brigade.rollout_format import InvalidRollout, Limits, Rollout, from_bytes
 from brigade.v1 import brigade_pb2 as pb
 from brigade_learner import ingest
 from brigade_learner.ingest import Rejected, fetch
+from brigade_testing.poison import with_header, with_metadata
 
 RUN = "poison"
 VOCAB = 32
@@ -32,21 +33,8 @@ def rollout(n: int = 4, c: int = 4, p: int = 3, **tensors: torch.Tensor) -> Roll
     return Rollout(run_id=RUN, batch_id=f"{RUN}:0:0", attempt=1, policy_version=0, reward_names=["r"], **fields)
 
 
-def with_header(data: bytes, edit) -> bytes:
-    """`data` with its safetensors JSON header replaced by edit(header) (tensor bytes unchanged)."""
-    n = int.from_bytes(data[:8], "little")
-    header = json.loads(data[8:8 + n])
-    raw = edit(header)
-    raw = raw if isinstance(raw, bytes) else json.dumps(raw).encode()
-    raw += b" " * (-len(raw) % 8)
-    return len(raw).to_bytes(8, "little") + raw + data[8 + n:]
-
-
 def with_meta(**meta) -> bytes:
-    def edit(h):
-        h["__metadata__"] = {**h["__metadata__"], **meta}
-        return h
-    return with_header(rollout().to_bytes(), edit)
+    return with_metadata(rollout().to_bytes(), **meta)
 
 
 def deep(depth: int) -> str:
@@ -60,8 +48,7 @@ POISON = {
     "reward_names of numbers": with_meta(reward_names="[1]"),
     "metadata is a list": with_header(rollout().to_bytes(), lambda h: {**h, "__metadata__": ["format"]}),
     "metadata is a number": with_header(rollout().to_bytes(), lambda h: {**h, "__metadata__": 7}),
-    "metadata value is a number": with_header(rollout().to_bytes(),
-                                              lambda h: {**h, "__metadata__": {**h["__metadata__"], "attempt": 1}}),
+    "metadata value is a number": with_meta(attempt=1),
     "header nested 50k deep": with_header(rollout().to_bytes(), lambda h: json.dumps(h)[:-1].encode()
                                           + b', "x": ' + deep(50_000).encode() + b"}"),
     "header is a list": with_header(rollout().to_bytes(), lambda h: [h]),
