@@ -71,6 +71,7 @@ class LeaseProtocol(RuleBasedStateMachine):
         self.pulled: dict[str, str] = {}                         # delivery id -> batch, not yet acked
         self.delivery_of: dict[str, str] = {}                    # batch -> the one delivery id it ever had
         self.step = 0
+        self.consumed_total = 0
         self.max_version = 0
 
     def _new_janitor(self) -> Janitor:
@@ -242,7 +243,9 @@ class LeaseProtocol(RuleBasedStateMachine):
         ids = sorted(self.pulled)[:len(consume)]
         consume = consume[:len(ids)]
         batches = [self.pulled[d] for d in ids]
-        self.step += 1
+        # a step is what the consumed batches make: the proxy refuses one beyond that
+        self.consumed_total += sum(consume)
+        self.step = self.consumed_total // PER_STEP
         resp = self.client.learner.AckRollouts(pb.AckRolloutsRequest(
             run_id=self.run, learner_id="learner", delivery_ids=ids, step=self.step,
             consumed_batch_ids=[b for b, c in zip(batches, consume, strict=False) if c],

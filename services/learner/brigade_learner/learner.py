@@ -29,6 +29,7 @@ from brigade.bucket import Bucket, BucketError, ObjectExists, open_bucket
 from brigade.retry import Backoff, retry
 from brigade.rpc import ProxyClient, describe_rpc_error
 from brigade.spec_file import build_spec, spec_to_dict
+from brigade.store.checks import MAX_METRICS_JSON
 from brigade.v1 import brigade_pb2 as pb
 from brigade_learner import checkpoint
 from brigade_learner.checkpoint import LearnerState, PendingAck
@@ -106,6 +107,8 @@ class Learner:
         """Ack what the steps up to `step` trained on, with the last step's metrics for the proxy."""
         s = self.state
         last = json.dumps(s.metrics[-1]) if s.metrics else ""
+        if len(last.encode()) > MAX_METRICS_JSON:  # the proxy's bound; the bucket keeps the full metrics
+            last = ""
         await self._ack(s.ack.delivery_ids, s.ack.consumed, s.ack.rejected, step, last)
         s.ack, s.metrics = PendingAck(), []
 

@@ -31,12 +31,12 @@ MAX_METRICS_JSON = 16_384     # UTF-8 bytes of one AckRollouts' metrics_json (a 
 METRICS_KEPT = 1_000          # steps of metrics kept in Redis and returned by GetMetrics: 16 MB a run at most
 MAX_SAFE_INT = 2**53 - 1      # Lua numbers are doubles: an integer above this is rounded, or wraps
 MAX_PROMPTS = 200_000         # prompts of one CreateRun
-MAX_TEXT = 65_536             # characters of one prompt, one dataset column, a FailLease message
+MAX_TEXT = 65_536             # characters of a FailLease message (its first 500 are kept)
 MAX_LABEL = 64                # capacity_class, engine, payload and the spec's choice fields
 MAX_URI = 1_024
 MAX_RUNS = 1_000              # runs one Redis holds; CreateRun beyond it is RESOURCE_EXHAUSTED
 MAX_WORKERS_PER_RUN = 4_096   # distinct worker ids seen (and not yet pruned) per run; more: RESOURCE_EXHAUSTED
-MAX_MANIFEST_BYTES = 8_192   # a rollout manifest with every field at its bound (tests/unit/test_wire_bounds.py)
+MAX_MANIFEST_BYTES = 8_192    # a rollout manifest with every field at its bound (tests/unit/test_wire_bounds.py)
 STREAM_ID_RE = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
 HEX64_RE = re.compile(r"[0-9a-f]{64}")
 
@@ -80,8 +80,8 @@ WIRE_BOUNDS: dict[str, Bound] = {
     **{f"{m}.{f}": _label(f"a worker's {f}") for m in ("AcquireLeaseRequest", "RolloutManifest")
        for f in ("capacity_class", "engine")},
     "RolloutManifest.adapter_payload": _label("the adapter payload a rollout was generated with"),
-    "RolloutManifest.uri": Bound(MAX_URI, "the rollout object's key"),
-    "RolloutManifest.text_uri": Bound(MAX_URI, "the rollout's text sidecar key"),
+    "RolloutManifest.uri": Bound(MAX_URI, "the rollout object's key", printable=True),
+    "RolloutManifest.text_uri": Bound(MAX_URI, "the rollout's text sidecar key", printable=True),
     "RolloutManifest.sha256": Bound(64, "hex digest", printable=True),
     "FailLeaseRequest.message": Bound(MAX_TEXT, "why a lease failed (the first 500 characters are kept)"),
     # the learner's side
@@ -93,7 +93,7 @@ WIRE_BOUNDS: dict[str, Bound] = {
     "AckRolloutsRequest.rejected_batch_ids[]": _id("a batch id"),
     "AckRolloutsRequest.metrics_json": Bound(MAX_METRICS_JSON, "one step's metrics, kept in Redis"),
     "AckRolloutsRequest.step": Bound(MAX_SAFE_INT, "also: at most the steps the consumed batches make", unit=""),
-    "AdapterManifest.uri": Bound(MAX_URI, "the adapter folder"),
+    "AdapterManifest.uri": Bound(MAX_URI, "the adapter folder", printable=True),
     "AdapterManifest.payload": _label("bf16 or int8"),
     "AdapterManifest.files": Bound(64, "files of one adapter version", unit="entries"),
     "AdapterManifest.version": Bound(MAX_SAFE_INT, "also: the latest version + 1, or a republish", unit=""),
@@ -104,14 +104,14 @@ WIRE_BOUNDS: dict[str, Bound] = {
     # second, so their text and columns are bounded by the CreateRun message's size alone
     "CreateRunRequest.prompts": Bound(MAX_PROMPTS, "prompts of one run (each bounded by the message size)",
                                       entries_unchecked=True, unit="entries"),
-    "RunSpec.model": Bound(MAX_URI, "a model id, folder or URI"),
-    "RunSpec.dataset": Bound(MAX_URI, "a dataset path or URI"),
-    "RunSpec.eval_dataset": Bound(MAX_URI, "a dataset path or URI"),
+    "RunSpec.model": Bound(MAX_URI, "a model id, folder or URI", printable=True),
+    "RunSpec.dataset": Bound(MAX_URI, "a dataset path or URI", printable=True),
+    "RunSpec.eval_dataset": Bound(MAX_URI, "a dataset path or URI", printable=True),
     "RunSpec.seed": Bound(2**64 - 1, "any uint64 (hashed in Python, never given to Lua)", unit=""),
     "RunSpec.rewards": Bound(64, "reward functions of one run", unit="entries"),
-    "RewardSpec.function": Bound(MAX_ID_CHARS, "a reward function's name"),
+    "RewardSpec.function": Bound(MAX_ID_CHARS, "a reward function's name", printable=True),
     "LoraSpec.target_modules": Bound(256, "module names", unit="entries"),
-    "LoraSpec.target_modules[]": Bound(MAX_ID_CHARS, "a module name"),
+    "LoraSpec.target_modules[]": Bound(MAX_ID_CHARS, "a module name", printable=True),
     **{f"{m}.{f}": _label("one of the spec's choices") for m, f in (
         ("RunSpec", "dtype"), ("RunSpec", "device"), ("RunSpec", "adapter_payload"), ("GrpoSpec", "loss_agg"),
         ("GrpoSpec", "scale_rewards"), ("GrpoSpec", "lr_schedule"))},
@@ -282,6 +282,8 @@ def check_run_spec(spec: pb.RunSpec, prompts: Sequence[pb.Prompt]) -> None:
         raise InvalidArgument(str(e)) from None
     if not prompts:
         raise InvalidArgument("a run needs at least one prompt (CreateRunRequest.prompts is empty)")
+    if len(prompts) > MAX_PROMPTS:
+        raise InvalidArgument(f"a run has at most {MAX_PROMPTS} prompts, got {len(prompts)}")
 
 
 def require_manifest(m: pb.RolloutManifest | pb.AdapterManifest | None) -> None:
