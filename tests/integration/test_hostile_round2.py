@@ -149,6 +149,7 @@ def test_an_oversized_manifest_already_on_the_stream_never_reaches_a_pull_reply(
     r.xadd(keys.RunKeys(run).rollouts, {"m": b"\x0a" + b"x" * (MAX_MANIFEST_BYTES + 1)})
     pulled = client.learner.PullRollouts(pb.PullRolloutsRequest(run_id=run, max_manifests=10, learner_id="L"))
     assert [p.manifest.batch_id for p in pulled.rollouts] == [batch]
+    assert r.xlen(keys.RunKeys(run).rollouts) == 1  # taken off the stream: no longer outstanding work
 
 
 def test_workers_per_run_are_capped_and_idle_ones_pruned_in_slices(client, proxy, r):

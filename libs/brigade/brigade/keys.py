@@ -64,11 +64,11 @@ class RunKeys:
         return self._k("cursor")
 
     @property
-    def stats(self) -> str:         # hash of counters (expired, revoked, rejected, ...)
+    def stats(self) -> str:         # hash of counters (expired, revoked, rejected, workers: ids kept, ...)
         return self._k("stats")
 
     @property
-    def workers(self) -> str:       # hash worker id -> WorkerInfo bytes
+    def workers(self) -> str:       # hash info:/seen:/granted:/completed: + worker id (pruned when idle)
         return self._k("workers")
 
     @property

@@ -74,6 +74,7 @@ class Learner:
                 out.append((text(entry_id), pb.RolloutManifest.FromString(fields[b"m"])))
         if gone:
             await self.redis.xack(k.rollouts, keys.LEARNER_GROUP, *gone)
+            await self.redis.xdel(k.rollouts, *gone)  # an oversized one would count as outstanding for ever
         return out
 
     async def ack(self, run: str, learner: str, delivery_ids: Sequence[str], consumed: Sequence[str],
