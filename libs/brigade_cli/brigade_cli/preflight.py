@@ -1,0 +1,64 @@
+"""What `brigade up` checks before it starts anything: every mistake that can be seen from here
+gets one line naming the field, the file or the function and what to do, instead of a service
+that dies a minute later with the cause buried in its log."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+from brigade.config import ConfigError
+from brigade.v1 import brigade_pb2 as pb
+
+# what a Hugging Face model id looks like (org/name); anything else that is not a folder is a typo
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def check_model(model: str) -> str | None:
+    if model == "demo" or "://" in model or Path(model).is_dir():
+        return None
+    if Path(model).exists():
+        return f"model: {model} is a file, not a model folder (a folder with config.json and the weights)"
+    if _HUB_ID.fullmatch(model) and not model.startswith("."):
+        return None  # a Hub id: the services resolve it through the Hugging Face cache
+    return (f"model: no folder {model} (from {Path.cwd()}); give a model folder, a Hugging Face id "
+            f"such as HuggingFaceTB/SmolLM2-135M-Instruct, or `demo`")
+
+
+def check_dataset(field: str, name: str) -> str | None:
+    from brigade.datasets import DatasetError, load_prompts
+
+    try:
+        load_prompts(name)
+    except DatasetError as e:
+        hint = "" if Path(name).is_absolute() else f" (paths are relative to the working directory, {Path.cwd()})"
+        return f"{field}: {e}{hint}"
+    return None
+
+
+def check_rewards(rewards) -> list[str]:
+    from brigade.rewards import resolve
+
+    # the services run as `python -m ...` from this folder, which puts it on sys.path: so do we
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    problems = []
+    for i, r in enumerate(rewards):
+        try:
+            resolve(r.function)
+        except ValueError as e:
+            problems.append(f"rewards[{i}].function: {e} (a module of yours must be importable from the working "
+                            f"directory or PYTHONPATH)")
+    return problems
+
+
+def preflight(spec: pb.RunSpec) -> None:
+    """Raise ConfigError with one line per problem found."""
+    problems = [p for p in (check_model(spec.model), check_dataset("dataset", spec.dataset)) if p]
+    if spec.eval_dataset and spec.eval_dataset != spec.dataset:
+        problems += [p for p in (check_dataset("eval_dataset", spec.eval_dataset),) if p]
+    problems += check_rewards(spec.rewards)
+    if problems:
+        raise ConfigError("\n".join(problems))
