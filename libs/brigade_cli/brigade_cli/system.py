@@ -215,9 +215,11 @@ class LocalSystem:
 
     # ------------------------------------------------------------ stopping
 
-    def stop_services(self) -> None:
+    def stop_services(self, keep: Iterable[str] = ()) -> None:
+        """Stop every service but those named in `keep`, in STOP_ORDER."""
         for svc in sorted(self.services.values(), key=lambda s: STOP_ORDER.get(s.name.split("-")[0], 0)):
-            svc.stop()
+            if svc.name not in keep:
+                svc.stop()
 
     def close(self) -> None:
         """Stop the services, then the servers."""

@@ -276,7 +276,8 @@ def up(
         typer.echo(f"error: {e}", err=True)
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the ordered stop short
-        if created:
+        if created:  # training stopped first, so the last read and the snapshot agree with each other
+            system.stop_services(keep=("proxy", "janitor"))
             metrics, state, evals = _final_read(system, token, spec.run_id, out_dir, metrics, state, evals)
         wall = time.monotonic() - started
         system.close()
