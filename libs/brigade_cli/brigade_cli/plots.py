@@ -36,7 +36,8 @@ def plot_run(metrics: list[dict], out_dir: Path, title: str = "", evals: list[tu
     import matplotlib.pyplot as plt
 
     steps = [m.get("step", i + 1) for i, m in enumerate(metrics)]
-    t0 = t0 if t0 is not None else min((m["time_unix"] for m in metrics if "time_unix" in m), default=0.0)
+    # a resumed run has steps from before this launch: the axis starts at the earliest of the two
+    t0 = min([m["time_unix"] for m in metrics if "time_unix" in m] + ([t0] if t0 is not None else []), default=0.0)
     wall = [m.get("time_unix", t0) - t0 for m in metrics]
     wall_at_step = dict(zip(steps, wall, strict=True))
     held = [(step, s) for step, e in evals if (s := heldout_score(e)) is not None]
