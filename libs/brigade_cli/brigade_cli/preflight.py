@@ -54,6 +54,30 @@ def check_rewards(rewards) -> list[str]:
     return problems
 
 
+def unknown_characters(spec: pb.RunSpec) -> str | None:
+    """A warning when prompts hold characters the model's tokenizer maps to its unknown token (a
+    character-level vocabulary such as the demo model's), which the model then never sees."""
+    if spec.model != "demo" and not Path(spec.model).is_dir():
+        return None  # a Hub id: not loaded here
+    from transformers import AutoTokenizer
+
+    from brigade.datasets import load_prompts
+    from brigade.model import resolve_model
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(spec.model))
+    unk = tokenizer.unk_token_id
+    if unk is None:
+        return None  # byte-level BPE: every character has tokens
+    bad = [(i, p.text) for i, p in enumerate(load_prompts(spec.dataset))
+           if unk in tokenizer(p.text, add_special_tokens=False)["input_ids"]]
+    if not bad:
+        return None
+    row, text = bad[0]
+    chars = sorted({c for c in text if unk in tokenizer(c, add_special_tokens=False)["input_ids"]})
+    return (f"warning: dataset: {len(bad)} prompts hold characters the model's tokenizer does not know "
+            f"(first: row {row + 1}, {''.join(chars)[:20]!r}); they reach the model as {tokenizer.unk_token}")
+
+
 def preflight(spec: pb.RunSpec) -> None:
     """Raise ConfigError with one line per problem found."""
     problems = [p for p in (check_model(spec.model), check_dataset("dataset", spec.dataset)) if p]

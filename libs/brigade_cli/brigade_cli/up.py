@@ -169,7 +169,7 @@ def up(
     """Start every service on this machine and show the run's progress until it finishes."""
     from brigade.config import ConfigError
     from brigade.spec_file import build_spec, read_spec_file
-    from brigade_cli.preflight import preflight
+    from brigade_cli.preflight import preflight, unknown_characters
 
     overrides: dict = {} if spec_path else demo_overrides()
     if run:
@@ -188,6 +188,8 @@ def up(
         preflight(spec)
     except ConfigError as e:
         _refuse(str(e))
+    if warning := unknown_characters(spec):
+        typer.echo(warning, err=True)
     if spec.max_steps == 0:
         _refuse("`brigade up` needs a finite max_steps (in the spec or --max-steps)")
     out_dir = Path(out or f"brigade-runs/{spec.run_id}").resolve()
