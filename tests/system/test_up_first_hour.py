@@ -44,6 +44,10 @@ def test_mistakes_are_named_before_anything_starts(tmp_path):
                for line in lines), lines
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "brigade-runs").exists()  # nothing was started or written
+    (tmp_path / "empty-model").mkdir()
+    (tmp_path / "spec.yaml").write_text("model: empty-model\ndataset: demo\nmax_steps: 5\n")
+    proc = brigade(["up", "--spec", "spec.yaml"], tmp_path)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: model: empty-model has no config.json"), proc.stderr
 
 
 def wait_for(path: Path, text: str, proc: subprocess.Popen, timeout: float) -> None:

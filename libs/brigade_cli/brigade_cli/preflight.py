@@ -17,8 +17,13 @@ _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 
 def check_model(model: str) -> str | None:
-    if model == "demo" or "://" in model or Path(model).is_dir():
+    if model == "demo" or "://" in model:
         return None
+    if Path(model).is_dir():
+        if (Path(model) / "config.json").exists():
+            return None
+        return (f"model: {model} has no config.json; a model folder is what `save_pretrained` writes "
+                f"(config.json, the weights, the tokenizer files)")
     if Path(model).exists():
         return f"model: {model} is a file, not a model folder (a folder with config.json and the weights)"
     if _HUB_ID.fullmatch(model) and not model.startswith("."):
