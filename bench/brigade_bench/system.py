@@ -314,9 +314,9 @@ class System(LocalSystem):
             time.sleep(0.05)
 
     def metrics(self, run: str) -> tuple[list[dict], object]:
-        from brigade_cli.up import poll_metrics
+        from brigade_cli.up import poll_run
 
-        metrics, state, _ = asyncio.run(poll_metrics(self.proxy, "", run))
+        metrics, state, _, _ = asyncio.run(poll_run(self.proxy, "", run))
         return sorted(metrics, key=lambda m: m["step"]), state
 
     def events(self, run: str) -> list[Event]:

@@ -157,10 +157,15 @@ def test_errors_are_one_line(token_proxy, run):
     line = one_line_error(ctl(token_proxy, "status", "--run", run, token="wrong"))
     assert "refused the token" in line and "BRIGADE_TOKEN" in line
     for cmd in ("status", "runs", "leases", "workers", "adapters", "deadletters", "metrics", "watch"):
-        result = CliRunner().invoke(app, [cmd, "--proxy", f"127.0.0.1:{free_port()}"], catch_exceptions=False)
+        run_flag = [] if cmd == "runs" else ["--run", "r"]
+        result = CliRunner().invoke(app, [cmd, "--proxy", f"127.0.0.1:{free_port()}", *run_flag],
+                                    catch_exceptions=False)
         line = one_line_error(result)
         assert line.startswith("brigade ctl: cannot reach the proxy at 127.0.0.1:") and "BRIGADE_PROXY" in line
-    line = one_line_error(CliRunner().invoke(app, ["status", "--proxy", token_proxy.target, "--tls-ca", "/nonexistent/ca.pem"]))
+    # a proxy but no run named, and no local run to default to: asked, not answered for run `demo`
+    line = one_line_error(CliRunner().invoke(app, ["status", "--proxy", token_proxy.target], catch_exceptions=False))
+    assert line.startswith("brigade ctl: which run?") and "--run" in line
+    line = one_line_error(CliRunner().invoke(app, ["status", "--proxy", token_proxy.target, "--run", run, "--tls-ca", "/nonexistent/ca.pem"]))
     assert "/nonexistent/ca.pem" in line
 
 

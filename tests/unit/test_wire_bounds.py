@@ -125,7 +125,7 @@ def test_up_progress_takes_metrics_of_any_shape():
         {"step": 3, "reward_mean": 0.5}
     for junk in ("[]", "7", '"s"', "not json", "[" * 100_000, '{"kl": NaN}', ""):
         assert numeric_metrics(junk) == {}
-    assert "step    3" in progress_line(numeric_metrics('{"step": 3, "reward_mean": "high"}'), 1, 1.0)
+    assert "step    3/5" in progress_line(numeric_metrics('{"step": 3, "reward_mean": "high"}'), 5, 1, 1.0, None)
 
 
 async def test_the_local_bucket_does_not_follow_a_symlink_out_of_its_folder(tmp_path):

@@ -9,7 +9,6 @@ buys more usable samples per dollar. The break-even discount is where advantage 
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import typer
@@ -26,14 +25,13 @@ def break_even_discount(preemption_loss: float, sample_inflation: float) -> floa
     return 1.0 - (1.0 - preemption_loss) / sample_inflation
 
 
-async def measured(proxy: str, token: str, run: str) -> dict:
-    """Preemption loss, rejection rate and dollars per usable sample of a live run."""
-    from brigade.rpc import ProxyClient
+async def measured(client, run: str) -> dict:
+    """Preemption loss, rejection rate and dollars per usable sample of a run, through `client`
+    (a ProxyClient, or the snapshot of a finished local run)."""
     from brigade.v1 import brigade_pb2 as pb
 
-    async with ProxyClient.connect(proxy, token) as client:
-        state = await client.runs.GetRun(pb.RunRef(run_id=run), timeout=10)
-        metrics = await client.runs.GetMetrics(pb.GetMetricsRequest(run_id=run, last=1), timeout=10)
+    state = await client.runs.GetRun(pb.RunRef(run_id=run), timeout=10)
+    metrics = await client.runs.GetMetrics(pb.GetMetricsRequest(run_id=run, last=1), timeout=10)
     lost = state.expired + state.revoked
     finished = state.consumed + state.rejected + state.stale_removed + state.deadlettered
     attempts = finished + lost
@@ -54,8 +52,9 @@ def cost(
     discount: float = typer.Option(0.70, help="Spot discount against on-demand, 0..1."),
     preemption_loss: float = typer.Option(0.15, help="Share of spot GPU-hours lost to preemption and retries."),
     sample_inflation: float = typer.Option(1.5, help="Samples generated per usable sample (staleness waste)."),
-    run: str = typer.Option("", "--run", help="Use this run's measured preemption loss and rejection rate."),
-    proxy: options.ProxyAddr = options.DEFAULTS.proxy,
+    run: str = typer.Option("", "--run", help="Use this run's measured preemption loss and rejection rate "
+                            "(a local run of `brigade up` is found without --proxy, live or finished)."),
+    proxy: options.ProxyAddr = "",
     token: options.Token = "",
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
@@ -68,15 +67,10 @@ def cost(
         raise typer.BadParameter("sample inflation must be >= 1", param_hint="--sample-inflation")
     extra: dict = {}
     if run:
-        import grpc
+        from brigade_cli.ctl import call_proxy, resolve_target
 
-        from brigade.rpc import describe_rpc_error
-
-        try:
-            extra = asyncio.run(measured(proxy, token, run))
-        except grpc.RpcError as e:
-            typer.echo(f"error: {describe_rpc_error(e, proxy)}", err=True)
-            raise typer.Exit(1) from None
+        run, target = resolve_target(run, proxy)
+        extra = call_proxy(target, token, "", lambda client: measured(client, run))
         preemption_loss, sample_inflation = extra["preemption_loss"], extra["sample_inflation"]
     result = {
         "discount": discount,

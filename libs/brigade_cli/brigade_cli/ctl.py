@@ -1,6 +1,10 @@
 """`brigade ctl`: look at a run through the proxy (RunService). Readable tables on a terminal,
 `--json` for scripts. Talks gRPC only: no Redis, no bucket, no torch.
 
+Which proxy and run: `--proxy` / `--run` (or BRIGADE_PROXY / BRIGADE_RUN). Without them, the runs
+`brigade up` started here (`./brigade-runs/*/endpoint.json`): the named run, or the latest one. A
+finished local run is read from the snapshot `up` left in its folder (`brigade_cli.local_runs`).
+
 A connection or auth problem prints one line (what failed, what to check) and exits 1.
 """
 
@@ -12,6 +16,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import grpc
@@ -22,6 +27,7 @@ from google.protobuf.message import Message
 from brigade.options import DEFAULTS, ProxyAddr, Run, TlsCa, Token
 from brigade.rpc import ProxyClient, describe_rpc_error
 from brigade.v1 import brigade_pb2 as pb
+from brigade_cli.local_runs import SnapshotClient, find_local_run
 
 app = typer.Typer(
     name="ctl",
@@ -29,11 +35,13 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # help text is plain: `brigade[vllm]` must print as written
 )
 
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 Timeout = Annotated[float, typer.Option("--timeout", help="Seconds to wait for the proxy.")]
 T = TypeVar("T")
+WATCH_GIVE_UP_S = 30.0  # a watch whose proxy stays away this long ends: the run is probably over
 
 
 # ---------------------------------------------------------------- plumbing
@@ -53,10 +61,40 @@ def _fail(message: str) -> None:
     raise typer.Exit(1)
 
 
-def _call(target: str, token: str, tls_ca: str, fn: Callable[[ProxyClient], Awaitable[T]]) -> T:
-    """Run one async exchange with the proxy; any failure is one line on stderr and exit 1."""
+def _resolve_proxy(proxy: str) -> str:
+    """--proxy / BRIGADE_PROXY, else the latest live local run's proxy, else the default."""
+    if proxy:
+        return proxy
+    local = find_local_run()
+    return local.proxy if local is not None and local.live else DEFAULTS.proxy
+
+
+def resolve_target(run: str, proxy: str) -> tuple[str, str | Path]:
+    """The run id, and where to read it: a proxy address, or the snapshot of a finished local run."""
+    local = find_local_run(run) if not proxy else None
+    if not run:
+        if local is None and not proxy:
+            local = find_local_run()
+        if local is None:
+            _fail("which run? pass --run RUN (or set BRIGADE_RUN); `brigade ctl runs` lists them")
+        run = local.run
+    if proxy:
+        return run, proxy
+    if local is None:
+        return run, DEFAULTS.proxy
+    if not local.live and local.snapshot is not None:
+        typer.echo(f"(run {run} has ended; reading the snapshot in {local.snapshot})", err=True)
+        return run, local.snapshot
+    return run, local.proxy
+
+
+def call_proxy(target: str | Path, token: str, tls_ca: str, fn: Callable[[ProxyClient], Awaitable[T]]) -> T:
+    """Run one async exchange with the proxy (or a finished run's snapshot); any failure is one
+    line on stderr and exit 1."""
 
     async def main() -> T:
+        if isinstance(target, Path):
+            return await fn(SnapshotClient(target))
         async with ProxyClient.connect(target, token, tls_ca) as client:
             return await fn(client)
 
@@ -142,14 +180,15 @@ def _deadline(ms: int, now_ms: int) -> str:
 
 @app.command()
 def status(
-    run: Run = DEFAULTS.run,
-    proxy: ProxyAddr = DEFAULTS.proxy,
+    run: Run = "",
+    proxy: ProxyAddr = "",
     token: Token = "",
     tls_ca: TlsCa = "",
     as_json: AsJson = False,
 ) -> None:
     """One run's counters: where every batch is, versions, steps."""
-    state = _call(proxy, token, tls_ca, lambda c: c.runs.GetRun(pb.RunRef(run_id=run), timeout=15))
+    run, proxy = resolve_target(run, proxy)
+    state = call_proxy(proxy, token, tls_ca, lambda c: c.runs.GetRun(pb.RunRef(run_id=run), timeout=15))
     if as_json:
         _print_json(to_dict(state))
         return
@@ -191,13 +230,14 @@ def format_status(s: pb.RunState) -> str:
 
 @app.command()
 def runs(
-    proxy: ProxyAddr = DEFAULTS.proxy,
+    proxy: ProxyAddr = "",
     token: Token = "",
     tls_ca: TlsCa = "",
     as_json: AsJson = False,
 ) -> None:
     """Every run the proxy's Redis knows."""
-    resp = _call(proxy, token, tls_ca, lambda c: c.runs.ListRuns(pb.ListRunsRequest(), timeout=15))
+    proxy = _resolve_proxy(proxy)
+    resp = call_proxy(proxy, token, tls_ca, lambda c: c.runs.ListRuns(pb.ListRunsRequest(), timeout=15))
     if as_json:
         _print_json([to_dict(r) for r in resp.runs])
         return
@@ -210,14 +250,15 @@ def runs(
 
 @app.command()
 def leases(
-    run: Run = DEFAULTS.run,
-    proxy: ProxyAddr = DEFAULTS.proxy,
+    run: Run = "",
+    proxy: ProxyAddr = "",
     token: Token = "",
     tls_ca: TlsCa = "",
     as_json: AsJson = False,
 ) -> None:
     """Leases in flight: batch, worker, adapter version, attempt, deadline."""
-    resp = _call(proxy, token, tls_ca, lambda c: c.runs.ListLeases(pb.RunRef(run_id=run), timeout=15))
+    run, proxy = resolve_target(run, proxy)
+    resp = call_proxy(proxy, token, tls_ca, lambda c: c.runs.ListLeases(pb.RunRef(run_id=run), timeout=15))
     if as_json:
         _print_json([to_dict(x) for x in resp.leases])
         return
@@ -229,14 +270,15 @@ def leases(
 
 @app.command()
 def workers(
-    run: Run = DEFAULTS.run,
-    proxy: ProxyAddr = DEFAULTS.proxy,
+    run: Run = "",
+    proxy: ProxyAddr = "",
     token: Token = "",
     tls_ca: TlsCa = "",
     as_json: AsJson = False,
 ) -> None:
     """Rollout workers seen by the run: capacity class, price, leases granted and completed."""
-    resp = _call(proxy, token, tls_ca, lambda c: c.runs.ListWorkers(pb.RunRef(run_id=run), timeout=15))
+    run, proxy = resolve_target(run, proxy)
+    resp = call_proxy(proxy, token, tls_ca, lambda c: c.runs.ListWorkers(pb.RunRef(run_id=run), timeout=15))
     if as_json:
         _print_json([to_dict(x) for x in resp.workers])
         return
@@ -249,14 +291,15 @@ def workers(
 
 @app.command()
 def adapters(
-    run: Run = DEFAULTS.run,
-    proxy: ProxyAddr = DEFAULTS.proxy,
+    run: Run = "",
+    proxy: ProxyAddr = "",
     token: Token = "",
     tls_ca: TlsCa = "",
     as_json: AsJson = False,
 ) -> None:
     """Published adapter versions, with evaluator results when there are any."""
-    resp = _call(proxy, token, tls_ca, lambda c: c.runs.ListAdapters(pb.RunRef(run_id=run), timeout=15))
+    run, proxy = resolve_target(run, proxy)
+    resp = call_proxy(proxy, token, tls_ca, lambda c: c.runs.ListAdapters(pb.RunRef(run_id=run), timeout=15))
     if as_json:
         out = []
         for a in resp.adapters:
@@ -272,14 +315,15 @@ def adapters(
 
 @app.command()
 def deadletters(
-    run: Run = DEFAULTS.run,
-    proxy: ProxyAddr = DEFAULTS.proxy,
+    run: Run = "",
+    proxy: ProxyAddr = "",
     token: Token = "",
     tls_ca: TlsCa = "",
     as_json: AsJson = False,
 ) -> None:
     """Batches given up on after max_attempts failures, and why."""
-    resp = _call(proxy, token, tls_ca, lambda c: c.runs.ListDeadLetters(pb.RunRef(run_id=run), timeout=15))
+    run, proxy = resolve_target(run, proxy)
+    resp = call_proxy(proxy, token, tls_ca, lambda c: c.runs.ListDeadLetters(pb.RunRef(run_id=run), timeout=15))
     if as_json:
         _print_json([to_dict(x) for x in resp.dead_letters])
         return
@@ -289,20 +333,21 @@ def deadletters(
 
 @app.command()
 def metrics(
-    run: Run = DEFAULTS.run,
+    run: Run = "",
     last: Annotated[int, typer.Option("--last", help="The last N steps; 0 = all kept.")] = 20,
-    proxy: ProxyAddr = DEFAULTS.proxy,
+    proxy: ProxyAddr = "",
     token: Token = "",
     tls_ca: TlsCa = "",
     as_json: AsJson = False,
 ) -> None:
     """The learner's per-step metrics, then the evaluator's held-out scores per adapter version."""
+    run, proxy = resolve_target(run, proxy)
 
     async def both(c: ProxyClient):
         return (await c.runs.GetMetrics(pb.GetMetricsRequest(run_id=run, last=max(0, last)), timeout=15),
                 await c.runs.ListAdapters(pb.RunRef(run_id=run), timeout=15))
 
-    resp, adapters = _call(proxy, token, tls_ca, both)
+    resp, adapters = call_proxy(proxy, token, tls_ca, both)
     parsed = [(s.step, _parse_json(s.metrics_json)) for s in resp.steps]
     evals = [(a.version, _parse_json(a.eval_json)) for a in adapters.adapters if a.eval_json]
     if as_json:
@@ -324,23 +369,25 @@ def metrics(
 
 @app.command()
 def watch(
-    run: Run = DEFAULTS.run,
+    run: Run = "",
     from_start: Annotated[bool, typer.Option("--from-start", help="Replay the kept events first.")] = False,
     after: Annotated[str, typer.Option("--after", help="Resume after this event id.")] = "",
-    proxy: ProxyAddr = DEFAULTS.proxy,
+    proxy: ProxyAddr = "",
     token: Token = "",
     tls_ca: TlsCa = "",
     as_json: AsJson = False,
 ) -> None:
     """Tail the run's events (grants, completions, expiries, publishes, steps) until Ctrl-C."""
+    run, proxy = resolve_target(run, proxy)
 
     async def tail(client: ProxyClient) -> None:
         last, start, seen = after, from_start, False
+        down_since: float | None = None
         while True:
             stream = client.runs.WatchRun(pb.WatchRunRequest(run_id=run, after_id=last, from_start=start and not last))
             try:
                 async for event in stream:
-                    seen, last = True, event.id
+                    seen, last, down_since = True, event.id, None
                     if as_json:
                         line = json.dumps({"id": event.id, "type": event.type, "time_ms": event.time_ms,
                                            "attrs": dict(event.attrs)})
@@ -353,11 +400,17 @@ def watch(
                 # the proxy restarted under a watch that was working: resume after the last event
                 if not seen or e.code() != grpc.StatusCode.UNAVAILABLE:
                     raise
-                typer.echo(f"brigade ctl: {shown(describe_rpc_error(e, proxy))}; resuming", err=True)
+                if down_since is None:  # one line per outage, not one per retry
+                    down_since = time.monotonic()
+                    typer.echo(f"brigade ctl: {shown(describe_rpc_error(e, proxy))}; retrying for up to "
+                               f"{WATCH_GIVE_UP_S:.0f}s", err=True)
+                elif time.monotonic() - down_since > WATCH_GIVE_UP_S:
+                    _fail(f"the proxy at {proxy} has not answered for {WATCH_GIVE_UP_S:.0f}s; the run may have "
+                          f"ended (a local run's snapshot: brigade ctl status --run {run})")
                 await asyncio.sleep(1.0)
 
     try:
-        _call(proxy, token, tls_ca, tail)
+        call_proxy(proxy, token, tls_ca, tail)
     except typer.Exit as e:
         if e.exit_code == 130:  # Ctrl-C is how watch ends
             raise typer.Exit(0) from None

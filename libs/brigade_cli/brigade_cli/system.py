@@ -11,7 +11,9 @@ restart the ones that died (supervision), and stops everything in order on `clos
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -69,6 +71,27 @@ class Service:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+    def last_problems(self, n: int = 2, chars: int = 200_000) -> list[str]:
+        """The newest `n` distinct warnings or errors of this service's log, oldest first, one line
+        each: a JSON log line's event and details, or the closing line of a Python traceback."""
+        found: dict[str, str] = {}  # event -> its newest line; insertion order = recency
+        for line in self.tail(chars).splitlines():
+            try:
+                doc = json.loads(line)
+            except ValueError:
+                doc = None
+            if isinstance(doc, dict) and doc.get("level") in ("warning", "error", "critical"):
+                details = " ".join(f"{k}={v}" for k, v in doc.items()
+                                   if k not in ("event", "level", "timestamp", "service", "exception"))
+                kind, text = str(doc.get("event")), f"{doc.get('event')}: {details}".strip(": ")
+            elif doc is None and re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b", line):
+                kind, text = line.split(":")[0], line.strip()  # the closing line of a traceback
+            else:
+                continue
+            found.pop(kind, None)
+            found[kind] = text[:400]
+        return list(found.values())[-n:]
 
     def tail(self, chars: int = 3000) -> str:
         try:
@@ -146,6 +169,10 @@ class LocalSystem:
     def create_run(self, spec, timeout: float = 60) -> None:
         asyncio.run(create_run(self.proxy, self.token, spec, timeout))
 
+    def get_run(self, run: str):
+        """The run's RunState, or None when the proxy's Redis has no such run."""
+        return asyncio.run(get_run(self.proxy, self.token, run))
+
     # ------------------------------------------------------------ faults
 
     def kill(self, name: str, sig: signal.Signals = signal.SIGKILL) -> None:
@@ -188,9 +215,11 @@ class LocalSystem:
 
     # ------------------------------------------------------------ stopping
 
-    def stop_services(self) -> None:
+    def stop_services(self, keep: Iterable[str] = ()) -> None:
+        """Stop every service but those named in `keep`, in STOP_ORDER."""
         for svc in sorted(self.services.values(), key=lambda s: STOP_ORDER.get(s.name.split("-")[0], 0)):
-            svc.stop()
+            if svc.name not in keep:
+                svc.stop()
 
     def close(self) -> None:
         """Stop the services, then the servers."""
@@ -218,6 +247,21 @@ def redis_answers(url: str) -> bool:
         return bool(redis.Redis.from_url(url, socket_connect_timeout=0.5).ping())
     except (redis.RedisError, OSError, ValueError):
         return False
+
+
+async def get_run(proxy: str, token: str, run: str):
+    import grpc
+
+    from brigade.rpc import ProxyClient
+    from brigade.v1 import brigade_pb2 as pb
+
+    async with ProxyClient.connect(proxy, token) as client:
+        try:
+            return await client.runs.GetRun(pb.RunRef(run_id=run), timeout=20)
+        except grpc.aio.AioRpcError as e:
+            if e.code() == grpc.StatusCode.NOT_FOUND:
+                return None
+            raise
 
 
 async def create_run(proxy: str, token: str, spec, timeout: float = 60) -> None:

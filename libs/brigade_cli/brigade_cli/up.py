@@ -2,9 +2,15 @@
 
 Redis (the one at BRIGADE_REDIS_URL if it answers, else a redis-server of our own), the bucket (a
 local folder unless BRIGADE_BUCKET says otherwise), proxy, janitor, learner, N rollout workers and
-the evaluator. Shows progress, restarts a service that dies (MAX_RESTARTS times each; each one
-resumes from Redis and the bucket), stops everything it started on exit or Ctrl-C, and leaves
-summary.json, metrics.jsonl, plots and logs in the run's output folder.
+the evaluator. Checks the spec, its model, datasets and reward functions before starting anything;
+shows progress; restarts a service that dies (MAX_RESTARTS times each; each one resumes from Redis
+and the bucket); stops the run when it makes no progress while batches keep failing, with the cause;
+stops everything it started on exit, Ctrl-C or SIGTERM; and leaves summary.json, metrics.jsonl,
+plots, logs and a snapshot that `brigade ctl` reads in the run's output folder.
+
+Exit status: 0 the run reached max_steps; 1 a service kept dying or the run stalled; 2 a bad spec,
+file or run id (nothing was started); 3 --max-wall was reached; 128+N stopped by signal N (130 for
+Ctrl-C, 143 for SIGTERM).
 """
 
 from __future__ import annotations
@@ -12,15 +18,33 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
+import signal
 import time
 from pathlib import Path
 
 import typer
 
 from brigade import options
+from brigade_cli.plots import heldout_score
 
 # restarts per service before `up` gives up: a process that keeps dying is broken, not unlucky
 MAX_RESTARTS = 3
+# a stall is this many failed batches and no step: one stale rejection before a slow step is not
+STALL_MIN_FAILURES = 3
+EXIT_FINISHED, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_MAX_WALL = 0, 1, 2, 3
+
+
+class Stopped(Exception):
+    """A signal asked `up` to stop; it stops every service in order, as for Ctrl-C."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_stopped(signum, frame) -> None:
+    raise Stopped(signum)
 
 
 def demo_overrides() -> dict:
@@ -30,7 +54,15 @@ def demo_overrides() -> dict:
     return dict(DEMO_RUN)
 
 
-async def poll_metrics(proxy: str, token: str, run: str) -> tuple[list[dict], object, int]:
+def default_run_id(spec_path: str) -> str:
+    """A spec without run_id gets one of its own per launch (file name and time), so two specs, or
+    two launches of one, never share a run by accident; `--run` or `run_id` names one on purpose."""
+    stem = re.sub(r"[^a-z0-9._-]+", "-", Path(spec_path).stem.lower()).strip("-._") or "run"
+    return f"{stem[:40]}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+async def poll_run(proxy: str, token: str, run: str) -> tuple[list[dict], object, int, list[tuple[int, dict]]]:
+    """Metrics of every step, the run's counters, live workers, and held-out scores by step."""
     from brigade.rpc import ProxyClient
     from brigade.v1 import brigade_pb2 as pb
 
@@ -38,9 +70,12 @@ async def poll_metrics(proxy: str, token: str, run: str) -> tuple[list[dict], ob
         metrics = await client.runs.GetMetrics(pb.GetMetricsRequest(run_id=run), timeout=5)
         state = await client.runs.GetRun(pb.RunRef(run_id=run), timeout=5)
         workers = await client.runs.ListWorkers(pb.RunRef(run_id=run), timeout=5)
+        adapters = await client.runs.ListAdapters(pb.RunRef(run_id=run), timeout=5)
     now_ms = time.time() * 1000
     live = sum(1 for w in workers.workers if now_ms - w.last_seen_ms < 30_000)
-    return [m for s in metrics.steps if (m := numeric_metrics(s.metrics_json))], state, live
+    steps = [m for s in metrics.steps if (m := numeric_metrics(s.metrics_json))]
+    evals = [(a.step, e) for a in adapters.adapters if isinstance(e := _json(a.eval_json), dict)]
+    return steps, state, live, evals
 
 
 def numeric_metrics(text: str) -> dict:
@@ -55,24 +90,55 @@ def numeric_metrics(text: str) -> dict:
     return {k: v for k, v in m.items() if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)}
 
 
-def progress_line(m: dict, live_workers: int, samples_per_s: float) -> str:
-    return (f"step {m.get('step', 0):>4}  reward {m.get('reward_mean', float('nan')):.3f}  "
+def _json(text: str):
+    try:
+        return json.loads(text) if text else None
+    except (ValueError, RecursionError):
+        return None
+
+
+def recent_rate(metrics: list[dict], window_s: float = 30.0) -> float:
+    """Accepted samples per second over the steps of the last `window_s` (not since launch)."""
+    timed = [m for m in metrics if isinstance(m.get("time_unix"), int | float)]
+    if len(timed) < 2:
+        return 0.0
+    end = timed[-1]["time_unix"]
+    inside = [m for m in timed if m["time_unix"] >= end - window_s]
+    if len(inside) < 2:
+        inside = timed[-2:]
+    span = inside[-1]["time_unix"] - inside[0]["time_unix"]
+    return sum(m.get("accepted_samples", 0) for m in inside[1:]) / span if span > 0 else 0.0
+
+
+def progress_line(m: dict, max_steps: int, live_workers: int, samples_per_s: float, heldout: float | None) -> str:
+    held = f"  held-out {heldout:.3f}" if heldout is not None else ""
+    return (f"step {m.get('step', 0):>4}/{max_steps}  reward {m.get('reward_mean', float('nan')):.3f}{held}  "
             f"kl {m.get('kl', 0.0):.4f}  staleness {m.get('staleness_mean', 0.0):.2f}  "
             f"rejected {m.get('rejection_rate', 0.0):.1%}  workers {live_workers}  {samples_per_s:.1f} samples/s")
 
 
-def summarize(run: str, metrics: list[dict], state, wall_s: float) -> dict:
-    rewards = [m["reward_mean"] for m in metrics if m.get("reward_mean") is not None]
+def _mean(values: list[float]) -> float | None:
+    return round(sum(values) / len(values), 4) if values else None
+
+
+def summarize(run: str, metrics: list[dict], state, wall_s: float, outcome: str,
+              evals: list[tuple[int, dict]]) -> dict:
+    rewards = [m["reward_mean"] for m in metrics if isinstance(m.get("reward_mean"), int | float)]
     stal = [m.get("staleness_mean", 0.0) for m in metrics]
+    scores = [s for s in (heldout_score(e) for _, e in evals) if s is not None]
     return {
         "run": run,
-        "steps": len(metrics),
+        "outcome": outcome,
+        "steps": int(state.learner_step) if state is not None else len(metrics),
         "wall_s": round(wall_s, 1),
         "samples": int(sum(m.get("accepted_samples", 0) for m in metrics)),
         "rejected": int(state.rejected + state.stale_removed) if state is not None else 0,
-        "first20_reward": sum(rewards[:20]) / max(1, len(rewards[:20])),
-        "last20_reward": sum(rewards[-20:]) / max(1, len(rewards[-20:])),
-        "mean_staleness": sum(stal) / max(1, len(stal)),
+        # None, not 0.0, when no step was trained: a failed run has no reward
+        "first20_reward": _mean(rewards[:20]),
+        "last20_reward": _mean(rewards[-20:]),
+        "heldout_first": scores[0] if scores else None,
+        "heldout_last": scores[-1] if scores else None,
+        "mean_staleness": _mean(stal),
         "adapter_versions": int(state.latest_version) if state is not None else 0,
         "expired_leases": int(state.expired) if state is not None else 0,
         "revoked_leases": int(state.revoked) if state is not None else 0,
@@ -80,14 +146,33 @@ def summarize(run: str, metrics: list[dict], state, wall_s: float) -> dict:
     }
 
 
+def _refuse(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(EXIT_BAD_INPUT)
+
+
+def _stall_cause(system, state) -> str:
+    """Why batches fail: the newest warning of the learner and of each worker."""
+    lines = []
+    if state is not None:
+        lines.append(f"{state.rejected} batches rejected by the learner, {state.deadlettered} dead-lettered")
+    for name, svc in system.services.items():
+        if name == "learner" or name.startswith("rollout"):
+            lines += [f"{name}: {problem}" for problem in svc.last_problems()]
+    return "\n  ".join(lines)
+
+
 def up(
     workers: int = typer.Option(2, "--workers", "-n", help="Rollout workers to start."),
     spec_path: str = typer.Option("", "--spec", help="Run spec file (YAML or TOML); default: the demo run."),
     demo: bool = typer.Option(False, "--demo", help="Run the demo (builds the demo model on first use)."),
-    run: str = typer.Option("", "--run", help="Run id (default: from the spec)."),
+    run: str = typer.Option("", "--run", help="Run id (default: the spec's run_id, else one per launch)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the existing run with this id (same spec)."),
     out: str = typer.Option("", "--out", help="Output folder (default ./brigade-runs/<run>)."),
     max_steps: int = typer.Option(0, "--max-steps", help="Override the spec's max_steps."),
     max_wall: float = typer.Option(900.0, "--max-wall", help="Stop after this many seconds whatever happens."),
+    stall_s: float = typer.Option(60.0, "--stall-timeout",
+                                  help="Stop when no step was trained for this long while batches keep failing."),
     evaluator: bool = typer.Option(True, "--evaluator/--no-evaluator", help="Start the evaluator."),
     redis_url: options.RedisUrl = "",
     bucket: options.BucketUrl = "",
@@ -96,8 +181,8 @@ def up(
 ) -> None:
     """Start every service on this machine and show the run's progress until it finishes."""
     from brigade.config import ConfigError
-    from brigade.spec_file import build_spec
-    from brigade_cli.system import LocalSystem
+    from brigade.spec_file import build_spec, read_spec_file
+    from brigade_cli.preflight import preflight, unknown_characters
 
     overrides: dict = {} if spec_path else demo_overrides()
     if run:
@@ -108,79 +193,173 @@ def up(
     if max_steps:
         overrides["max_steps"] = max_steps
     try:
+        if spec_path and not run and "run_id" not in read_spec_file(spec_path):
+            if resume:
+                _refuse("--resume needs the run's id: --run RUN (or run_id in the spec)")
+            overrides["run_id"] = default_run_id(spec_path)
         spec = build_spec(overrides, path=spec_path or None)
+        preflight(spec)
     except ConfigError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from None
+        _refuse(str(e))
+    if warning := unknown_characters(spec):
+        typer.echo(warning, err=True)
     if spec.max_steps == 0:
-        typer.echo("error: `brigade up` needs a finite max_steps (in the spec or --max-steps)", err=True)
-        raise typer.Exit(2)
+        _refuse("`brigade up` needs a finite max_steps (in the spec or --max-steps)")
     out_dir = Path(out or f"brigade-runs/{spec.run_id}").resolve()
+    if (out_dir / "run.yaml").exists() and not resume:
+        _refuse(f"run {spec.run_id} already ran in {out_dir}; --resume continues it, --run NEW starts another")
+
+    # SIGTERM (a supervisor, CI, `timeout`) stops the run as Ctrl-C does: in order, with a summary
+    signal.signal(signal.SIGTERM, _raise_stopped)
+    from brigade_cli.local_runs import write_endpoint
+    from brigade_cli.system import LocalSystem
+
     out_dir.mkdir(parents=True, exist_ok=True)
-    spec_file = out_dir / "run.json"
-    from brigade.spec_file import spec_to_dict
-
-    spec_file.write_text(json.dumps(spec_to_dict(spec), indent=2))
-    spec_yaml = out_dir / "run.yaml"
-    import yaml
-
-    spec_yaml.write_text(yaml.safe_dump(spec_to_dict(spec), sort_keys=False))
-
     system = LocalSystem(out_dir, redis_url=redis_url, appendonly=True, bucket=bucket, port=port, token=token,
                          run=spec.run_id)
-    system.start_servers()
-    if system.redis is not None:
-        typer.echo(f"started redis-server at {system.redis_url}")
     proxy = system.proxy
-    started = time.monotonic()
-    state = None
-    metrics: list[dict] = []
-    failure: str | None = None
+    started, started_unix = time.monotonic(), time.time()
+    state, metrics, evals = None, [], []
+    outcome, code, failure, created = "finished", EXIT_FINISHED, None, False
     try:
+        system.start_servers()
+        if system.redis is not None:
+            typer.echo(f"started redis-server at {system.redis_url}")
         if spec.model == "demo":  # build once, before N processes race to do it
             from brigade.model import resolve_model
 
             typer.echo(f"demo model: {resolve_model('demo')}")
         system.start_proxy()
-        system.create_run(spec)
+        _create(system, spec, resume)
+        created = True
+        write_endpoint(out_dir, spec.run_id, proxy)
+        _write_spec(out_dir, spec)
         system.spawn("janitor", ["janitor"])
-        learner = system.spawn("learner", ["learner", "--spec", str(spec_yaml)])
+        learner = system.spawn("learner", ["learner", "--spec", str(out_dir / "run.yaml")])
         for i in range(workers):
             system.spawn(f"rollout-{i}", ["rollout", "--worker-id", f"local-{i}", "--exit-when-finished"])
         if evaluator:
             system.spawn("evaluator", ["evaluator"])
         typer.echo(f"run {spec.run_id}: proxy {proxy}, bucket {system.bucket}, {workers} rollout workers; "
-                   f"logs in {system.logs}")
-        shown = 0
-        while (learner.alive() or learner.crashed()) and time.monotonic() - started < max_wall:
+                   f"logs in {system.logs}; `brigade ctl status` shows it")
+        # a resumed run: show only the steps trained from now on
+        shown, failed_at_step, failing_since = -1 if resume else 0, 0, None
+        while learner.alive() or learner.crashed():
+            if time.monotonic() - started >= max_wall:
+                outcome, code = "max_wall", EXIT_MAX_WALL
+                typer.echo(f"stopping: --max-wall {max_wall:.0f}s reached", err=True)
+                break
             time.sleep(1.0)
             failure = system.restart_crashed(MAX_RESTARTS)
             if failure:
-                typer.echo(f"error: {failure}", err=True)
                 break
             try:
-                metrics, state, live = asyncio.run(poll_metrics(proxy, token, spec.run_id))
+                metrics, state, live, evals = asyncio.run(poll_run(proxy, token, spec.run_id))
             except Exception as e:  # progress is best effort; the run goes on
                 typer.echo(f"(progress unavailable: {type(e).__name__})", err=True)
                 continue
-            elapsed = time.monotonic() - started
-            samples = sum(m.get("accepted_samples", 0) for m in metrics)
+            if shown < 0:
+                shown, failed_at_step = len(metrics), state.rejected + state.deadlettered
+            heldout = next((heldout_score(e) for _, e in reversed(evals)), None)
             for m in metrics[shown:]:
-                typer.echo(progress_line(m, live, samples / max(elapsed, 1e-9)))
-            shown = len(metrics)
-        if learner.alive() and not failure:
-            typer.echo(f"stopping: --max-wall {max_wall:.0f}s reached", err=True)
-        elif not failure:
-            try:
-                metrics, state, _ = asyncio.run(poll_metrics(proxy, token, spec.run_id))
-            except Exception:
-                pass
+                typer.echo(progress_line(m, spec.max_steps, live, recent_rate(metrics[: metrics.index(m) + 1]),
+                                         heldout))
+            failed = state.rejected + state.deadlettered
+            if len(metrics) > shown:
+                shown, failed_at_step, failing_since = len(metrics), failed, None
+            elif failed > failed_at_step and failing_since is None:
+                failing_since = time.monotonic()
+            if (failing_since is not None and failed - failed_at_step >= STALL_MIN_FAILURES
+                    and time.monotonic() - failing_since > stall_s):
+                failure = (f"no step trained in the {stall_s:.0f}s since batches began to fail:\n  "
+                           f"{_stall_cause(system, state)}")
+                break
+        if failure:
+            # every service that died, newest problems first in its log: the cause, not a symptom
+            failure += "".join(f"\n  {name}: {p}" for name, svc in system.services.items()
+                               if svc.starts > 1 or svc.crashed() for p in svc.last_problems())
+            outcome, code = "failed", EXIT_FAILED
+            typer.echo(f"error: {failure}", err=True)
     except KeyboardInterrupt:
+        outcome, code = "interrupted", 128 + signal.SIGINT
         typer.echo("interrupted: stopping every process", err=True)
+    except Stopped as e:
+        outcome, code = "terminated", 128 + e.signum
+        typer.echo(f"{e}: stopping every process", err=True)
+    except _Refused as e:
+        outcome, code = "refused", EXIT_BAD_INPUT
+        typer.echo(f"error: {e}", err=True)
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the ordered stop short
+        if created:  # training stopped first, so the last read and the snapshot agree with each other
+            system.stop_services(keep=("proxy", "janitor"))
+            metrics, state, evals = _final_read(system, token, spec.run_id, out_dir, metrics, state, evals)
         wall = time.monotonic() - started
         system.close()
-    summary = summarize(spec.run_id, metrics, state, wall)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if created:  # a refused run leaves the folder of the run it collided with as it was
+        _write_results(out_dir, spec, metrics, state, evals, wall, outcome, started_unix)
+    raise typer.Exit(code)
+
+
+class _Refused(Exception):
+    """The proxy refused the run (a reused id, a spec it rejects): one line, nothing trained."""
+
+
+def _create(system, spec, resume: bool) -> None:
+    import grpc
+
+    from brigade.rpc import describe_rpc_error
+
+    try:
+        existing = system.get_run(spec.run_id)
+        if existing is not None and not resume:
+            raise _Refused(f"run {spec.run_id} already exists in Redis at {system.redis_url} (step "
+                           f"{existing.learner_step}); --resume continues it, --run NEW starts another")
+        # exist_ok: the check above decided; a retried CreateRun must not trip on its own first try
+        system.create_run(spec)
+    except grpc.aio.AioRpcError as e:
+        if e.code() == grpc.StatusCode.ALREADY_EXISTS:
+            raise _Refused(f"run {spec.run_id} exists with a different spec ({e.details()}); resume it with its "
+                           f"own spec, or start another with --run NEW") from None
+        raise _Refused(describe_rpc_error(e, system.proxy)) from None
+
+
+def _write_spec(out_dir: Path, spec) -> None:
+    """run.yaml (what the learner reads) and run.json, once the proxy accepted the spec."""
+    import yaml
+
+    from brigade.spec_file import spec_to_dict
+
+    (out_dir / "run.json").write_text(json.dumps(spec_to_dict(spec), indent=2))
+    (out_dir / "run.yaml").write_text(yaml.safe_dump(spec_to_dict(spec), sort_keys=False))
+
+
+def _final_read(system, token: str, run: str, out_dir: Path, metrics, state, evals):
+    """The last metrics, and the snapshot `brigade ctl` reads once the proxy is gone; best effort
+    (the proxy may be the thing that failed)."""
+    from brigade.rpc import ProxyClient
+    from brigade_cli.local_runs import write_snapshot
+
+    proxy = system.services.get("proxy")
+    if proxy is None or not proxy.alive():
+        return metrics, state, evals
+
+    async def read():
+        out = await poll_run(system.proxy, token, run)
+        async with ProxyClient.connect(system.proxy, token) as client:
+            await write_snapshot(out_dir, client, run)
+        return out
+
+    try:
+        metrics, state, _, evals = asyncio.run(read())
+    except Exception as e:  # noqa: BLE001 - what was read before stands
+        typer.echo(f"(final read failed: {type(e).__name__}: {e})", err=True)
+    return metrics, state, evals
+
+
+def _write_results(out_dir: Path, spec, metrics, state, evals, wall: float, outcome: str, started_unix: float) -> None:
+    summary = summarize(spec.run_id, metrics, state, wall, outcome, evals)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     with (out_dir / "metrics.jsonl").open("w") as f:
         for m in metrics:
@@ -188,8 +367,6 @@ def up(
     if metrics:
         from brigade_cli.plots import plot_run
 
-        plot_run(metrics, out_dir)
+        plot_run(metrics, out_dir, title=f"run {spec.run_id}", evals=evals, t0=started_unix)
     typer.echo(json.dumps(summary))
     typer.echo(f"summary, metrics and plots in {out_dir}")
-    if failure:
-        raise typer.Exit(1)

@@ -1,0 +1,74 @@
+"""The small decisions of `brigade up` and `ctl`: progress rate, summaries of failed runs, plot
+limits, run ids, local-run discovery and the cause shown for a stalled run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from brigade.spec import RUN_ID_RE
+from brigade_cli.local_runs import ENDPOINT, SNAPSHOT, find_local_run, write_endpoint
+from brigade_cli.plots import robust_top
+from brigade_cli.system import Service
+from brigade_cli.up import default_run_id, recent_rate, summarize
+
+
+def test_samples_per_second_is_the_recent_rate_not_the_average_since_launch():
+    # 10 slow steps (1 sample/s), then 10 fast ones (10 samples/s)
+    metrics, t = [], 0.0
+    for i in range(20):
+        t += 10.0 if i < 10 else 1.0
+        metrics.append({"step": i + 1, "time_unix": t, "accepted_samples": 10})
+    assert abs(recent_rate(metrics, window_s=5.0) - 10.0) < 1e-9
+    assert recent_rate(metrics[:1]) == 0.0
+
+
+def test_a_run_without_steps_reports_no_reward_rather_than_zero():
+    s = summarize("r", [], None, 3.0, "failed", [])
+    assert s["first20_reward"] is None and s["last20_reward"] is None and s["heldout_last"] is None
+    s = summarize("r", [{"reward_mean": 0.5}, {"reward_mean": 1.0}], None, 3.0, "finished",
+                  [(1, {"reward_mean": 0.25}), (2, {"reward_mean": 0.75})])
+    assert s["first20_reward"] == 0.75 and (s["heldout_first"], s["heldout_last"]) == (0.25, 0.75)
+
+
+def test_two_spikes_do_not_set_the_plot_scale():
+    values = [0.01] * 50 + [5.0, 7.0]
+    top = robust_top(values)
+    assert top is not None and top < 1.0
+    assert robust_top([0.01 * i for i in range(50)]) is None  # no spike: matplotlib's own limits
+
+
+def test_a_spec_without_run_id_gets_a_valid_one_per_launch():
+    rid = default_run_id("/some/where/My Task.v2.yaml")
+    assert rid.startswith("my-task.v2-") and RUN_ID_RE.match(rid)
+
+
+def test_local_runs_live_then_ended(tmp_path):
+    runs = tmp_path / "brigade-runs"
+    (runs / "old").mkdir(parents=True)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (runs / "old" / ENDPOINT).write_text(json.dumps({"run": "old", "proxy": "127.0.0.1:1", "pid": int(dead.stdout)}))
+    (runs / "new").mkdir()
+    write_endpoint(runs / "new", "new", "127.0.0.1:2")  # this process: alive
+    os.utime(runs / "old" / ENDPOINT, (1, 1))
+    latest = find_local_run(runs_dir=runs)
+    assert latest.run == "new" and latest.live and latest.proxy == "127.0.0.1:2"
+    old = find_local_run("old", runs_dir=runs)
+    assert not old.live and old.snapshot is None
+    (runs / "new" / SNAPSHOT).write_text("{}")  # `up` wrote its snapshot: the run has ended
+    assert not find_local_run("new", runs_dir=runs).live
+    assert find_local_run("absent", runs_dir=runs) is None
+
+
+def test_the_cause_of_a_stall_is_the_newest_distinct_warnings(tmp_path):
+    log = tmp_path / "rollout-0.log"
+    lines = [{"event": "batch_done", "level": "info"},
+             {"event": "reward function failed", "level": "warning", "error": "RuntimeError: old"},
+             {"event": "no sample of the batch was scored", "level": "warning", "batch": "r:0:1"},
+             {"event": "reward function failed", "level": "warning", "error": "RuntimeError: newest"}]
+    log.write_text("\n".join(json.dumps(d) for d in lines) + "\nnot json\nValueError: from a traceback\n")
+    svc = Service("rollout-0", "m", [], log, {})
+    problems = svc.last_problems(n=2)
+    assert problems == ["reward function failed: error=RuntimeError: newest", "ValueError: from a traceback"]
