@@ -9,7 +9,9 @@ some of them the ways a real network and a real object store do:
     truncate      the answer's headers promise N bytes, the connection closes after N/2
 
 and, separately, `corrupt_rate` flips one byte in the body of GETs whose path matches
-`corrupt_match` (rollout objects by default), keeping the length: only a sha256 check catches it.
+`corrupt_match` (rollout objects by default), keeping the length: only a sha256 check catches it;
+`drop_headers` removes request headers before forwarding (`("if-none-match",)` makes a store that
+ignores create-only writes; moto checks no signatures, so the request still goes through).
 
 Every decision is counted in `stats` (and the keys corrupted are listed), so a test can prove the
 faults really happened. Runs in its own thread (`start_in_thread`) or as a process:
@@ -50,7 +52,7 @@ class Faults:
     skip: Callable[[str, str], bool] | None = None  # (method, path) -> True: no fault for this request
     seed: int | None = None
     force: list[str] = field(default_factory=list)  # the next requests get these faults, in order
-
+    drop_headers: tuple[str, ...] = ()       # request headers (lower case) never forwarded
 
     def __post_init__(self) -> None:
         unknown = (set(self.kinds) | set(self.force)) - set(KINDS)
@@ -263,7 +265,8 @@ class FaultyS3:
     async def _forward(self, req: _Request) -> _Response:
         reader, writer = await asyncio.open_connection(self.upstream_host, self.upstream_port, limit=1 << 20)
         try:
-            skip = {"connection", "expect", "transfer-encoding", "content-length", "keep-alive"}
+            skip = {"connection", "expect", "transfer-encoding", "content-length", "keep-alive",
+                    *self.faults.drop_headers}
             lines = [f"{req.method} {req.target} HTTP/1.1"]
             lines += [f"{k}: {v}" for k, v in req.headers if k.lower() not in skip]
             lines += [f"Content-Length: {len(req.body)}", "Connection: close", "", ""]

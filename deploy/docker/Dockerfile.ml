@@ -1,16 +1,34 @@
-# learner, rollout (hf engine) and evaluator: CPU torch by default; pass
-# --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu124 for a CUDA build.
-FROM python:3.11-slim
+# learner, rollout (hf engine) and evaluator: CPU torch by default; for a CUDA build pass an index of
+# download.pytorch.org that has torch 2.13.0, e.g. --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu128
+FROM python:3.11.14-slim-bookworm
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# models and the demo model land in /cache, the volume the deploy files mount there
+ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 BRIGADE_LOG_FORMAT=json \
+    BRIGADE_CACHE=/cache HF_HOME=/cache/huggingface
 WORKDIR /app
-RUN pip install --no-cache-dir --index-url ${TORCH_INDEX} "torch>=2.4,<2.14"
+COPY constraints.txt deploy/docker/requirements.py ./
+# torch first, from its own index, at the version constraints.txt pins
+RUN pip install -c constraints.txt --index-url ${TORCH_INDEX} torch
+# Third-party dependencies next, from the pyproject files alone: a code change reuses this layer.
+COPY libs/brigade/pyproject.toml libs/brigade/
+COPY libs/brigade_cli/pyproject.toml libs/brigade_cli/
+COPY services/learner/pyproject.toml services/learner/
+COPY services/rollout/pyproject.toml services/rollout/
+COPY services/evaluator/pyproject.toml services/evaluator/
+RUN python requirements.py "libs/brigade[ml]" "libs/brigade_cli[plots]" services/learner services/rollout \
+      services/evaluator > requirements.txt \
+ && pip install -c constraints.txt -r requirements.txt
+# Then the code itself, with no dependency left to resolve.
 COPY libs/brigade libs/brigade
 COPY libs/brigade_cli libs/brigade_cli
 COPY services/learner services/learner
 COPY services/rollout services/rollout
 COPY services/evaluator services/evaluator
-RUN pip install --no-cache-dir "./libs/brigade[ml]" "./libs/brigade_cli[plots]" \
-      ./services/learner ./services/rollout ./services/evaluator
-ENV PYTHONUNBUFFERED=1 BRIGADE_LOG_FORMAT=json BRIGADE_CACHE=/cache
+RUN pip install --no-deps -c constraints.txt ./libs/brigade ./libs/brigade_cli ./services/learner \
+      ./services/rollout ./services/evaluator
+# a named volume mounted on /cache starts with this owner
+RUN useradd --system --uid 10001 --create-home --home-dir /home/brigade brigade \
+ && mkdir -p /cache/huggingface && chown -R brigade /cache
+USER brigade
 VOLUME /cache
 ENTRYPOINT ["brigade"]

@@ -8,6 +8,7 @@ import json
 import math
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -281,6 +282,35 @@ async def test_sigterm_requeues_the_batch(env, tmp_path):
     assert attempts == [(f"{run}:0:0", 2), (f"{run}:0:1", 1)]
     state = await env.client.runs.GetRun(pb.RunRef(run_id=run))
     assert state.completed == 2 and state.deadlettered == 0
+
+
+async def test_a_finished_run_ends_the_worker_only_when_asked(env):
+    """On a finished run (its one batch done) `brigade rollout` with BRIGADE_EXIT_WHEN_FINISHED=1
+    exits 0 by itself; without it (the default) the worker keeps polling until it is stopped."""
+    await env.start_proxy()
+    run = "finished"
+    await env.create_run(run, 2)  # one batch of 2 prompts
+    first = env.worker(run, exit_when_finished=True)
+    assert await asyncio.wait_for(first.run(), 60) == 0 and first.stats["completed"] == 1
+
+    poller = env.worker(run, engine=first.engine)  # the default: poll a finished run
+    task = asyncio.create_task(poller.run())
+    await asyncio.sleep(2.0)  # setup (engine in hand) plus the first AcquireLease take well under this
+    assert not task.done()
+    poller.stop()
+    assert await asyncio.wait_for(task, 10) == 0
+
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "brigade_rollout", "--proxy", env.target, "--bucket", env.bucket_url, "--run", run,
+        env={**os.environ, "BRIGADE_EXIT_WHEN_FINISHED": "1"},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), 120)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+    assert proc.returncode == 0, out.decode()[-2000:]
+    assert b"run finished; exiting" in out
 
 
 async def test_misbehaving_rewards_are_contained(env, monkeypatch):

@@ -133,6 +133,12 @@ def metrics_key(run: str, step: int) -> str:
     return f"runs/{run}/metrics/step-{step:08d}.json"
 
 
+def probe_key(run: str, token: str) -> str:
+    """The create-only probe's object (brigade.bucket.probe): one per service start, written once,
+    read by nobody; safe to expire with a lifecycle rule."""
+    return f"runs/{run}/probe/{token}"
+
+
 # ---------------------------------------------------------------- batches and seeds
 
 # the one definition of a batch id: acquire.lua cuts batches with it (string.format), so Lua and

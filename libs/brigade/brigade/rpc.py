@@ -22,6 +22,9 @@ CHANNEL_OPTIONS = [
     # gRPC's reconnect backoff grows to 120 s by default: after a long proxy outage a client would
     # sit idle up to two minutes after the proxy is back. Cap it; callers add their own jittered retries.
     ("grpc.max_reconnect_backoff_ms", 5_000),
+    # a name that resolves to several proxies (a headless Kubernetes Service) gets a connection to
+    # each and calls spread over them, not one HTTP/2 connection pinned to the first address
+    ("grpc.lb_policy_name", "round_robin"),
 ]
 # Health checking and reflection stay open so load balancers and grpcurl work without a token.
 OPEN_METHOD_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")

@@ -25,7 +25,7 @@ import grpc
 import structlog
 
 from brigade import adapters, keys
-from brigade.bucket import Bucket, BucketError, ObjectExists, open_bucket
+from brigade.bucket import Bucket, BucketError, ObjectExists, check_create_only, open_bucket
 from brigade.retry import Backoff, retry
 from brigade.rpc import ProxyClient, describe_rpc_error
 from brigade.spec_file import build_spec, spec_to_dict
@@ -342,6 +342,7 @@ async def serve(cfg: LearnerConfig) -> signal.Signals | None:
     bucket = open_bucket(cfg.bucket)
     try:
         await bucket.ensure()
+        await check_create_only(bucket, cfg.run)  # CreateOnlyIgnored is a ConfigError: exit 2, one line
         spec = await ensure_run(client, cfg.proxy, cfg.run, cfg.spec_path)
         if cfg.spec_path:
             local = build_spec({"run_id": cfg.run}, path=cfg.spec_path)

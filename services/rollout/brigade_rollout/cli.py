@@ -18,8 +18,12 @@ Price = Annotated[float, typer.Option("--price-per-hour", envvar="BRIGADE_PRICE_
 EngineName = Annotated[str, typer.Option("--engine", envvar="BRIGADE_ENGINE",
                                          help="hf (transformers, CPU or GPU) or vllm (CUDA; pip install brigade[vllm]).")]
 MaxBatches = Annotated[int, typer.Option("--max-batches", help="Exit after this many completed batches; 0 = forever.")]
-ExitWhenFinished = Annotated[bool, typer.Option("--exit-when-finished",
-                                                help="Exit once the proxy says the run has no more batches.")]
+ExitWhenFinished = Annotated[bool, typer.Option(
+    "--exit-when-finished/--poll-when-finished", envvar="BRIGADE_EXIT_WHEN_FINISHED",
+    help="Exit 0 once the proxy says the run is finished (max_steps reached or every batch done): right for "
+         "spot VMs and jobs that bill until they stop. Off by default: under a supervisor that restarts any exit "
+         "(a Deployment, systemd Restart=always) an exit would only reload the model in a loop, while polling a "
+         "finished run costs one call per 5 s.")]
 Device = Annotated[str, typer.Option("--device", envvar="BRIGADE_DEVICE",
                                      help="cpu, cuda or cuda:N; overrides the run spec's device.")]
 RewardRedis = Annotated[str, typer.Option(

@@ -8,6 +8,9 @@
         put_new(rollout object), put_new(text sidecar)  # upload first ...
         CompleteLease(manifest)                         # ... then complete, retried until answered
 
+At start, the bucket must refuse a second create-only put (brigade.bucket.probe), else the worker
+exits 2 with one line naming the store.
+
 Failure handling, in one place:
 - the proxy or the bucket unreachable: retried with exponential backoff and full jitter, each try
   bounded by a timeout, forever while the process lives (logged);
@@ -39,7 +42,16 @@ import torch
 
 from brigade import keys
 from brigade.adapters import InvalidAdapter
-from brigade.bucket import Bucket, CorruptObject, ObjectExists, ObjectNotFound, open_bucket, sha256_hex
+from brigade.bucket import (
+    Bucket,
+    CorruptObject,
+    CreateOnlyIgnored,
+    ObjectExists,
+    ObjectNotFound,
+    check_create_only,
+    open_bucket,
+    sha256_hex,
+)
 from brigade.engine import make_engine
 from brigade.engine.base import Engine, Sample, Stopped
 from brigade.retry import Backoff, retry
@@ -234,6 +246,11 @@ class Worker:
             rpc_retryable, RPC_TIMEOUT_S + 1)
         self.spec = spec = state.spec
         self.bucket = open_bucket(cfg.bucket)
+        try:
+            await with_retries("probing the bucket's create-only writes",
+                               lambda: check_create_only(self.bucket, cfg.run), bucket_retryable, BUCKET_TIMEOUT_S)
+        except CreateOnlyIgnored as e:
+            raise FatalError(str(e)) from e
         self.cache = AdapterCache(self.bucket, cfg.run, capacity=spec.staleness.max_staleness + 2)
         if state.latest_version:
             self.cache.prefetch(state.latest_version)  # overlaps with loading the model

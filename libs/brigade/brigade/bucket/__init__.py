@@ -12,13 +12,16 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from brigade.bucket.base import Bucket, BucketError, CorruptObject, ObjectExists, ObjectNotFound, sha256_hex
+from brigade.bucket.probe import CreateOnlyIgnored, check_create_only
 
 __all__ = [
     "Bucket",
     "BucketError",
     "CorruptObject",
+    "CreateOnlyIgnored",
     "ObjectExists",
     "ObjectNotFound",
+    "check_create_only",
     "open_bucket",
     "sha256_hex",
 ]

@@ -172,6 +172,10 @@ class Bucket(abc.ABC):
     def url(self, key: str) -> str:
         """The full URI of `key`, e.g. "s3://name/prefix/key" or "file:///root/key"."""
 
+    def describe(self) -> str:
+        """Which store this is, for messages: its URL root (and, for S3, the endpoint)."""
+        return repr(self)
+
     @abc.abstractmethod
     async def ensure(self) -> None:
         """Create the bucket / folder if it is missing (idempotent)."""

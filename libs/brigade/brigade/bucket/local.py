@@ -37,6 +37,9 @@ class LocalBucket(Bucket):
     def url(self, key: str) -> str:
         return (self.root / check_key(key)).as_uri()
 
+    def describe(self) -> str:
+        return self.root.as_uri()
+
     def _path(self, key: str) -> Path:
         """The file of `key`, never outside the root: a symlink under the root that leads out (put
         there by anyone with write access to the folder) is answered as no such object."""

@@ -194,18 +194,26 @@ class S3Bucket(Bucket):
     def url(self, key: str) -> str:
         return f"s3://{self.name}/{self._full(check_key(key))}"
 
+    @property
+    def endpoint(self) -> str | None:
+        """The S3 API's URL: the override, else AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL; None = AWS's own."""
+        return (
+            self._endpoint_url
+            or os.environ.get("AWS_ENDPOINT_URL_S3")
+            or os.environ.get("AWS_ENDPOINT_URL")
+            or None
+        )
+
+    def describe(self) -> str:
+        return f"{self.url_root()} at {self.endpoint or 'the AWS S3 endpoint'}"
+
     # -- client ---------------------------------------------------------------------------
 
     async def _s3(self) -> Any:
         if self._client is None:
             async with self._client_lock:
                 if self._client is None:
-                    endpoint = (
-                        self._endpoint_url
-                        or os.environ.get("AWS_ENDPOINT_URL_S3")
-                        or os.environ.get("AWS_ENDPOINT_URL")
-                        or None
-                    )
+                    endpoint = self.endpoint
                     region = (
                         self._region
                         or os.environ.get("AWS_REGION")

@@ -1,0 +1,37 @@
+"""The create-only probe: every versioned object (adapters, rollouts, checkpoints, run.pb) is
+written once through `put_new`, which on S3 is a PUT with `If-None-Match: *`. A store that ignores
+the header answers 200 to a second write and silently overwrites, so the learner and each rollout
+worker check once, at start, that the store refuses one.
+
+The probe's object is `keys.probe_key(run, <uuid4>)`: a fresh key per check, so on a store that
+honours the header it is written exactly once (the second put is the one refused). Nothing reads it.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from brigade import keys
+from brigade.bucket.base import Bucket, BucketError, ObjectExists
+from brigade.config import ConfigError
+
+
+class CreateOnlyIgnored(BucketError, ConfigError):
+    """The store accepted a second create-only put of one key: it cannot hold a brigade run."""
+
+
+async def check_create_only(bucket: Bucket, run: str) -> str:
+    """Put a new probe key twice, create-only; the second put must be refused. Returns the key.
+    Raises CreateOnlyIgnored (one line naming the store and the guarantee) when it is not, and
+    BucketError when the store cannot be reached (the caller decides whether to retry)."""
+    key = keys.probe_key(run, uuid.uuid4().hex)
+    await bucket.put_new(key, b"brigade create-only probe: first put\n")
+    try:
+        # different bytes, so an echo of our own first put can never pass for a refusal
+        await bucket.put_new(key, b"brigade create-only probe: this second put must be refused\n")
+    except ObjectExists:
+        return key
+    raise CreateOnlyIgnored(
+        f"the bucket store {bucket.describe()} accepted a second create-only put (If-None-Match: *) of one key; "
+        "brigade needs a store that refuses it (412), or versioned objects would be silently overwritten",
+        key=key, uri=bucket.url(key))
