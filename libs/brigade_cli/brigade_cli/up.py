@@ -99,6 +99,13 @@ def up(
     except ConfigError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
+    try:
+        from brigade.task import check_task
+
+        prompts = check_task(spec)  # a bad dataset, column or reward function: one line each, nothing started
+    except ConfigError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
     if spec.max_steps == 0:
         typer.echo("error: `brigade up` needs a finite max_steps (in the spec or --max-steps)", err=True)
         raise typer.Exit(2)
@@ -129,7 +136,7 @@ def up(
 
             typer.echo(f"demo model: {resolve_model('demo')}")
         system.start_proxy()
-        system.create_run(spec)
+        system.create_run(spec, prompts=prompts)
         system.spawn("janitor", ["janitor"])
         learner = system.spawn("learner", ["learner", "--spec", str(spec_yaml)])
         for i in range(workers):
