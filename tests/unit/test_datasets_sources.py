@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import pytest
 
@@ -123,6 +124,26 @@ def test_hub_id_not_cached_on_an_offline_machine(tmp_path, monkeypatch):
     assert "\n" not in line
     assert "'nobody-org/never-downloaded': offline and not in the Hugging Face cache" in line
     assert "hf download --repo-type dataset nobody-org/never-downloaded" in line
+
+
+def test_hub_id_is_read_from_the_hf_cache_on_an_offline_machine(tmp_path, monkeypatch):
+    """A Hub dataset `datasets` cached earlier (its own cache layout, written here by its own Parquet
+    builder under the repo's name and a commit hash), loaded by id with HF_HUB_OFFLINE=1."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from datasets.packaged_modules.parquet.parquet import Parquet
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-datasets")
+    pq.write_table(pa.table({"prompt": [[{"role": "user", "content": "hub?"}]], "answer": [1]}), tmp_path / "t.parquet")
+    builder = Parquet(cache_dir=str(tmp_path / "hf-datasets"), dataset_name="tiny-org___prompts", hash="c" * 40,
+                      config_id="default", data_files={"train": str(tmp_path / "t.parquet")})
+    builder.download_and_prepare()
+    for arrow in Path(builder.cache_dir).glob("tiny-org___prompts-*.arrow"):  # named as a Hub download names it
+        arrow.rename(arrow.with_name(arrow.name.replace("tiny-org___", "")))
+    (p,) = wire(load_prompts("tiny-org/prompts"))
+    assert prompt_value(p) == [{"role": "user", "content": "hub?"}] and row_columns(p) == {"answer": 1}
 
 
 def test_bad_input_is_one_line_naming_the_dataset_and_the_fix(tmp_path):
