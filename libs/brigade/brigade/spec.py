@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -181,8 +181,8 @@ def _holders(spec: pb.RunSpec, section: str) -> Iterator[tuple[str, Message]]:
 def assign(holder: Message, name: str, value: Any, as_json: bool = False) -> None:
     """Set one field from a spec-file value (a list of mappings for `rewards`, a mapping for an
     `as_json` field); ParseError if it does not parse as the field's type."""
-    if as_json and isinstance(value, Mapping):
-        value = json.dumps(value)
+    if as_json and not isinstance(value, str):  # a mapping; anything else is refused by Field.problem
+        value = json.dumps(value, default=str)
     json_format.ParseDict({name: value}, holder)
 
 

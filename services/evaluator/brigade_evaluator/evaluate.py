@@ -73,6 +73,7 @@ async def _evaluate(run: str, version: int, bucket_url: str, redis_url: str) -> 
                 "reward_mean": sum(total) / len(total) if total else None,
                 "scored": len(total),
                 "per_function": {n: _mean(p) for n, p in zip(scores.names, scores.parts, strict=True)},
+                "rejected": scores.rejected,  # function -> why its result was refused (nothing scored then)
                 "eval_s": round(time.monotonic() - started, 3), "time_unix": time.time(),
             }
             try:
