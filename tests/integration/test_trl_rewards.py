@@ -85,6 +85,10 @@ async def slow_b(completions, **kwargs):
     return [2.0] * len(completions)
 
 
+def returns_coroutine(**kwargs):
+    return slow_b(**kwargs)
+
+
 def no_kwargs(prompts, completions):
     return [0.0] * len(completions)
 
@@ -141,11 +145,12 @@ async def test_typed_columns_trainer_state_and_trls_none_aggregation():
 
 
 async def test_async_functions_are_awaited_concurrently():
-    rs = rewards_of([{"function": "test_trl_rewards:slow_a"}, {"function": "test_trl_rewards:slow_b"}])
+    rs = rewards_of([{"function": "test_trl_rewards:slow_a"}, {"function": "test_trl_rewards:slow_b"},
+                     {"function": "test_trl_rewards:returns_coroutine"}])
     t0 = time.monotonic()
     s = await rs.score(batch())
     assert time.monotonic() - t0 < 1.1  # 0.6 s each, side by side
-    assert s.parts == [[1.0] * 4, [2.0] * 4]
+    assert s.parts == [[1.0] * 4, [2.0] * 4, [2.0] * 4]
 
 
 async def test_log_metric_and_log_extra_land_in_the_learners_step_metrics():

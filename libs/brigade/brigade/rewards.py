@@ -227,10 +227,6 @@ def run_reward_job(function: str, call: RewardCall, kwargs_json: str = "") -> di
     return {"rewards": list(out) if isinstance(out, (list, tuple)) else out, **rlog.as_json()}
 
 
-async def _awaited(awaitable):
-    return await awaitable
-
-
 # ---------------------------------------------------------------- built-in: math
 
 _BOXED = re.compile(r"\\boxed\s*\{")
@@ -495,10 +491,11 @@ class RewardSet:
                 if isinstance(doc, dict):
                     rlog.merge(doc)
             elif is_async(f.fn):
-                raw = await asyncio.wait_for(asyncio.wrap_future(asyncio.run_coroutine_threadsafe(
-                    _maybe_await(f.fn(**call_kwargs(call, rlog))), _async_loop())), f.timeout_s)
+                raw = await _on_async_loop(f.fn(**call_kwargs(call, rlog)), f.timeout_s)
             else:
                 raw = await asyncio.wait_for(_in_daemon_thread(f.fn, **call_kwargs(call, rlog)), f.timeout_s)
+                if inspect.isawaitable(raw):  # a partial of an async function, say
+                    raw = await _on_async_loop(raw, f.timeout_s)
             return clean(raw, n), ""
         except asyncio.CancelledError:
             raise
@@ -517,8 +514,13 @@ class RewardSet:
             await asyncio.to_thread(self.sandbox.close)
 
 
-async def _maybe_await(value):
-    return await value if inspect.isawaitable(value) else value
+async def _awaited(awaitable):
+    return await awaitable
+
+
+def _on_async_loop(awaitable, timeout_s: float):
+    future = asyncio.run_coroutine_threadsafe(_awaited(awaitable), _async_loop())
+    return asyncio.wait_for(asyncio.wrap_future(future), timeout_s)
 
 
 _loop: asyncio.AbstractEventLoop | None = None
