@@ -184,7 +184,8 @@ class Worker:
         self.cache: AdapterCache | None = None
         self.rewards: RewardSet | None = None
         self.spec: pb.RunSpec | None = None
-        self.stats = {"completed": 0, "duplicates": 0, "revoked": 0, "lost": 0, "failed": 0, "preempted": 0}
+        self.stats = {"completed": 0, "duplicates": 0, "revoked": 0, "lost": 0, "failed": 0, "preempted": 0,
+                      "rewards_rejected": 0}
         self._main: asyncio.Task | None = None
         self._run_task: asyncio.Task | None = None
         self._stopping = asyncio.Event()
@@ -312,6 +313,7 @@ class Worker:
             t_gen = time.monotonic() - t_gen
             completions = self.engine.tokenizer.batch_decode([s.completion_ids for s in samples], skip_special_tokens=True)
             scores = await self._score(lease, samples, completions)
+            self.stats["rewards_rejected"] += bool(scores.rejected)  # uploaded unscored: the learner refuses it
             if stop.is_set():
                 raise Stopped()
             self._committing = True
