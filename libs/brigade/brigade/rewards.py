@@ -154,6 +154,15 @@ def signature_problem(fn: Callable, columns: Sequence[str] | None = None) -> str
     return None
 
 
+def usable(name: str, kwargs_json: str = "", columns: Sequence[str] | None = None, **model_options) -> Callable:
+    """`resolve`, then `signature_problem`: ValueError, one line naming the function, if either fails."""
+    fn = resolve(name, kwargs_json, **model_options)
+    if problem := signature_problem(fn, columns):
+        raise ValueError(f"reward function {name!r} has the wrong signature: {problem}; TRL's is "
+                         f"f(prompts, completions, completion_ids, **kwargs)")
+    return fn
+
+
 def is_async(fn: Callable) -> bool:
     """An async function, or an object whose __call__ is one (a factory's product)."""
     return inspect.iscoroutinefunction(fn) or (not inspect.isroutine(fn) and inspect.iscoroutinefunction(type(fn).__call__))
@@ -447,10 +456,7 @@ class RewardSet:
             weight = s.weight if not hasattr(s, "HasField") or s.HasField("weight") else 1.0
             f = RewardFn(s.function, weight, s.sandboxed, s.timeout_s or 10.0, getattr(s, "kwargs", ""))
             if not f.sandboxed:
-                f.fn = resolve(f.name, f.kwargs, **model_options)
-                if problem := signature_problem(f.fn, columns):
-                    raise ValueError(f"reward function {f.name!r} has the wrong signature: {problem}; TRL's is "
-                                     f"f(prompts, completions, completion_ids, **kwargs)")
+                f.fn = usable(f.name, f.kwargs, columns, **model_options)
             functions.append(f)
         return cls(functions, sandbox)
 

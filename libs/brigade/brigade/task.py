@@ -34,18 +34,14 @@ def check_task(spec: pb.RunSpec) -> list[pb.Prompt]:
 
 
 def reward_problems(spec: pb.RunSpec, columns: list[str] | None) -> list[str]:
-    from brigade.rewards import resolve, signature_problem
+    from brigade.rewards import usable
 
     out = []
     for i, r in enumerate(spec.rewards):
         try:
-            fn = resolve(r.function, r.kwargs, device="cpu", trust_remote_code=spec.trust_remote_code)
+            usable(r.function, r.kwargs, columns, device="cpu", trust_remote_code=spec.trust_remote_code)
         except ValueError as e:
             out.append(f"rewards[{i}]: {e}")
-            continue
-        if problem := signature_problem(fn, columns):
-            out.append(f"rewards[{i}]: reward function {r.function!r} has the wrong signature: {problem}; "
-                       f"TRL's is f(prompts, completions, completion_ids, **kwargs)")
     return out
 
 
