@@ -1,5 +1,6 @@
 """Reward functions: the built-ins, and containment of functions that raise, hang or return NaN,
-in process and sandboxed as rq jobs (a real Redis, a real rq worker subprocess)."""
+in process and sandboxed as rq jobs (a real Redis, a real rq worker subprocess). TRL's own
+functions and the rest of TRL's contract: tests/integration/test_trl_rewards.py."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from brigade import rewards
-from brigade.rewards import RewardSet, RqSandbox, Scores, clean, math_reward
+from brigade.rewards import RewardCall, RewardRejected, RewardSet, RqSandbox, Scores, clean, math_reward
 
 # ---------------------------------------------------------------- functions used by reference below
 
@@ -50,6 +51,10 @@ PROMPTS = ["a", "b", "c", "d"]
 COMPLETIONS = ["x", "yy", "zzz", "wwww"]
 IDS = [[1], [1, 2], [1, 2, 3], [1, 2, 3, 4]]
 COLUMNS = {"answer": ["1", "2", "3", "4"]}
+
+
+def call(prompts=PROMPTS, completions=COMPLETIONS, ids=IDS, columns=COLUMNS):
+    return RewardCall(list(prompts), list(completions), ids, columns)
 
 # ---------------------------------------------------------------- built-ins
 
@@ -94,11 +99,17 @@ def test_resolve_errors():
 
 
 def test_clean():
-    assert clean([1, "2", None, math.nan, -math.inf, "x"], 6) == [1.0, 2.0, None, None, None, None]
-    with pytest.raises(ValueError, match="expected a list of 3"):
+    assert clean([1, 2.5, None, True], 4) == [1.0, 2.5, None, 1.0]
+    with pytest.raises(RewardRejected, match="returned 1 rewards for 3 completions"):
         clean([1.0], 3)
-    with pytest.raises(ValueError, match="got float"):
+    with pytest.raises(RewardRejected, match="returned a float"):
         clean(1.0, 1)
+    with pytest.raises(RewardRejected, match="reward 1 is nan, not a finite number"):
+        clean([1.0, math.nan], 2)
+    with pytest.raises(RewardRejected, match="reward 0 is -inf"):
+        clean([-math.inf], 1)
+    with pytest.raises(RewardRejected, match="reward 0 is a str"):
+        clean(["2"], 1)
 
 
 def test_code_exec_reward(monkeypatch):
@@ -125,25 +136,28 @@ def test_run_python_timeout_kills_sleeper():
 # ---------------------------------------------------------------- combining and containment
 
 
-def test_scores_total_is_weighted_and_none_propagates():
-    s = Scores(["a", "b"], [[1.0, None, 2.0], [0.5, 1.0, None]], [2.0, -1.0])
-    assert s.total == [1.5, None, None]
+def test_scores_total_is_trls_weighted_nansum():
+    s = Scores(["a", "b"], [[1.0, None, 2.0, None], [0.5, 1.0, None, None]], [2.0, -1.0])
+    assert s.total == [1.5, -1.0, 4.0, None]  # None = "does not apply"; a sample nobody scored stays None
+    s.rejected = {"b": "returned 1 rewards for 4 completions"}
+    assert s.total == [None] * 4  # a rejected result leaves the batch unscored, not silently partial
 
 
 async def test_in_process_containment():
     rs = RewardSet.from_specs([spec("test_rewards:good", 0.5), spec("test_rewards:nan_and_inf")])
-    s = await rs.score(PROMPTS, COMPLETIONS, IDS, COLUMNS)
+    s = await rs.score(call())
     assert s.parts[0] == [1.0, 2.0, 3.0, 4.0]
-    assert s.parts[1] == [None, None, 1.0, None]
-    assert s.total == [None, None, 2.5, None]
+    assert s.parts[1] == [None] * 4 and "not a finite number" in s.rejected["test_rewards:nan_and_inf"]
+    assert s.total == [None] * 4 and rs.rejected == 1
 
     rs = RewardSet.from_specs([spec("test_rewards:good"), spec("test_rewards:boom"), spec("test_rewards:short"),
                                spec("test_rewards:hang", timeout_s=0.3), spec("test_rewards:needs_ids")])
     t0 = time.monotonic()
-    s = await rs.score(PROMPTS, COMPLETIONS, IDS, COLUMNS)
+    s = await rs.score(call(columns={"answer": [1, 2, 3, 4]}))
     assert time.monotonic() - t0 < 5
     assert s.parts[0] == [1.0, 2.0, 3.0, 4.0]
     assert s.parts[1] == s.parts[2] == s.parts[3] == [None] * 4   # raised, wrong length, hung
+    assert set(s.rejected) == {"test_rewards:boom", "test_rewards:short", "test_rewards:hang"}
     assert s.parts[4] == [2.0, 4.0, 6.0, 8.0]                     # completion_ids and columns reach it
     assert s.total == [None] * 4
 
@@ -171,14 +185,14 @@ async def test_sandboxed_rewards_are_contained(redis_url, monkeypatch):
     ], sandbox)
     try:
         t0 = time.monotonic()
-        s = await rs.score(PROMPTS, ["print(1)", "print(2)", "print(4)", "while True: pass"], IDS, COLUMNS)
+        s = await rs.score(call(completions=["print(1)", "print(2)", "print(4)", "while True: pass"]))
         assert time.monotonic() - t0 < 45  # the 60 s hang was cut off at its 1 s timeout
         assert s.parts[0] == [8.0, 8.0, 8.0, 16.0]
-        assert s.parts[1] == s.parts[2] == [None] * 4
-        assert s.parts[3] == [None, None, 1.0, None]
+        assert s.parts[1] == s.parts[2] == s.parts[3] == [None] * 4
+        assert set(s.rejected) == {"test_rewards:boom", "test_rewards:hang", "test_rewards:nan_and_inf"}
         assert s.parts[4] == [1.0, 1.0, 0.0, 0.0]
         # the rq worker survived its hung job and still serves
-        again = await rs.score(PROMPTS[:1], ["print(1)"], IDS[:1], {"answer": ["1"]})
+        again = await rs.score(call(PROMPTS[:1], ["print(1)"], IDS[:1], {"answer": ["1"]}))
         assert again.parts[0] == [8.0] and again.parts[4] == [1.0]
     finally:
         await rs.close()

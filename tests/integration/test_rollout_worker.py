@@ -332,6 +332,45 @@ async def test_misbehaving_rewards_are_contained(env, monkeypatch):
     assert torch.isfinite(r.reward_parts[:, 0]).all()       # demo_sum still scored
     assert torch.isnan(r.reward_parts[:, 1:]).all()         # the rest: unscored, not fake zeros
     assert torch.isnan(r.rewards).all() and p.manifest.reward_mean == 0.0
+    assert worker.stats["rewards_rejected"] == 1
+
+
+def int_answer(completions, answer, trainer_state, log_metric, **kwargs):
+    log_metric("answer_is_int", float(all(isinstance(a, int) for a in answer)))
+    return [float(trainer_state.global_step) + a for a in answer]
+
+
+async def test_conversational_prompts_with_typed_columns_and_trl_rewards(env, tmp_path):
+    """A chat dataset through the proxy and a lease to the worker: the prompt is rendered with the
+    model's chat template (one BOS), TRL's own function gets conversational completions, an int
+    column arrives as an int, and what a reward function logged travels in the rollout."""
+    pytest.importorskip("trl")
+    from brigade.chat import prompt_ids
+    from brigade.datasets import load_prompts
+    from brigade_testing.tiny import chat_tokenizer
+
+    chat_dir = tiny_model(tmp_path / "chat", tokenizer=chat_tokenizer())
+    data = tmp_path / "chat.jsonl"
+    data.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": q}], "answer": a}) + "\n"
+                            for q, a in (("What is 2+2?", 4), ("What is 3+4?", 7))))
+    await env.start_proxy()
+    run = "chat"
+    spec = tiny_spec(chat_dir, run_id=run, dataset=str(data), rewards=[
+        {"function": "test_rollout_worker:int_answer"}, {"function": "trl.rewards:think_format_reward"}])
+    await env.client.runs.CreateRun(pb.CreateRunRequest(spec=spec, prompts=load_prompts(str(data))))
+    worker = env.worker(run, exit_when_finished=True)
+    assert await asyncio.wait_for(worker.run(), 60) == 0
+    (p,) = await env.pull(run, 1)
+    r = from_bytes(await env.bucket.get(p.manifest.uri))
+    tok = chat_tokenizer()
+    want = prompt_ids(tok, [{"role": "user", "content": "What is 2+2?"}])
+    assert r.prompt_ids[0][r.prompt_mask[0].bool()].tolist() == want and want.count(tok.bos_token_id) == 1
+    assert r.reward_parts[:, 0].tolist() == [4.0] * 4 + [7.0] * 4  # v0 + the int answer
+    assert torch.isfinite(r.reward_parts[:, 1]).all()  # think_format_reward read completions[i][0]["content"]
+    assert r.reward_metrics == {"metric/answer_is_int": [1.0, 1]}  # one call for the batch, logged once
+    sidecar = json.loads(await env.bucket.get(p.manifest.text_uri))
+    assert sidecar["samples"][0]["prompt"] == [{"role": "user", "content": "What is 2+2?"}]
+    assert sidecar["rejected"] == {}
 
 
 async def test_sandboxed_rewards_need_a_queue(env):

@@ -101,3 +101,18 @@ def test_every_unparsable_value_gets_its_own_line():
         build_spec({"prompts_per_batch": "x", "seed": -1, "lora": {"alpha": "big"}, "sampling": 3, "sync": "yes"})
     fields = [line.split(":")[0].strip() for line in str(err.value).splitlines()[1:]]
     assert fields == ["prompts_per_batch", "seed", "sync", "lora.alpha", "sampling"]
+
+
+def test_reward_kwargs_are_a_mapping_in_the_file_and_exact_json_on_the_wire():
+    import json
+
+    import yaml
+
+    spec = build_spec({"rewards": [{"function": "trl.rewards:get_soft_overlong_punishment",
+                                    "kwargs": {"max_completion_len": 512, "soft_punish_cache": 64}}]})
+    wire = pb.RunSpec.FromString(spec.SerializeToString())
+    assert json.loads(wire.rewards[0].kwargs) == {"max_completion_len": 512, "soft_punish_cache": 64}
+    assert isinstance(json.loads(wire.rewards[0].kwargs)["max_completion_len"], int)  # not 512.0
+    assert build_spec(yaml.safe_load(yaml.safe_dump(spec_to_dict(spec)))) == spec  # run.yaml reads back
+    with pytest.raises(ConfigError, match=r"rewards\[0\].kwargs: '\[1\]' is not a mapping of arguments"):
+        build_spec({"rewards": [{"function": "m:f", "kwargs": [1]}]})

@@ -6,21 +6,14 @@ logits divided by the sampling temperature), so an on-policy rollout scores a ra
 
 from __future__ import annotations
 
-import asyncio
-import os
-from pathlib import Path
-
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from brigade.mirror import is_bucket_uri, mirror
 from brigade.v1 import brigade_pb2 as pb
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("BRIGADE_CACHE", Path.home() / ".cache" / "brigade"))
 
 
 def pick_device(name: str) -> torch.device:
@@ -31,19 +24,6 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-async def _download_prefix(url: str, dest: Path) -> None:
-    from brigade.bucket import open_bucket
-
-    async with open_bucket(url) as bucket:
-        keys = await bucket.list("")
-        if not keys:
-            raise FileNotFoundError(f"no model files under {url}")
-        for key in keys:
-            target = dest / key
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(await bucket.get(key))
-
-
 def resolve_model(name: str) -> str:
     """A path or Hugging Face id that `from_pretrained` can load without a network round trip
     where possible: 'demo' builds (once) the project's demo model, bucket URIs are mirrored into
@@ -52,25 +32,32 @@ def resolve_model(name: str) -> str:
         from brigade.demo.build import build_demo_model, default_model_dir
 
         return str(build_demo_model(default_model_dir()))
-    if name.startswith(("s3://", "file://")):
-        safe = name.split("://", 1)[1].strip("/").replace("/", "__")
-        dest = cache_dir() / "models" / safe
-        if not (dest / "config.json").exists():
-            partial = dest.with_name(dest.name + ".partial")
-            asyncio.run(_download_prefix(name, partial))
-            partial.rename(dest)
-        return str(dest)
+    if is_bucket_uri(name):
+        return str(mirror(name, "models"))
     return name
+
+
+def pinned(spec: pb.RunSpec) -> dict:
+    """`from_pretrained` arguments every service passes, so all of them load the same weights and
+    code: the spec's revision (a later push to the repository changes nothing) and its
+    trust_remote_code (off unless the spec says so)."""
+    return {"revision": spec.revision or None, "trust_remote_code": spec.trust_remote_code}
+
+
+def load_tokenizer(spec: pb.RunSpec, path: str | None = None) -> PreTrainedTokenizerBase:
+    tokenizer = AutoTokenizer.from_pretrained(path or resolve_model(spec.model), **pinned(spec))
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
 
 
 def load_base(spec: pb.RunSpec, device: torch.device | None = None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     path = resolve_model(spec.model)
     device = device or pick_device(spec.device)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer = load_tokenizer(spec, path)
     # safetensors only: a folder holding pytorch_model.bin would otherwise be unpickled by torch.load
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[spec.dtype], use_safetensors=True).to(device)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[spec.dtype], use_safetensors=True,
+                                                 **pinned(spec)).to(device)
     model.requires_grad_(False)
     return model, tokenizer
 

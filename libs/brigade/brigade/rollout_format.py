@@ -11,7 +11,8 @@ One safetensors file per (batch, attempt), N = prompts x group_size samples:
   reward_parts     float32 [N, K]  one column per reward function
   group            int32   [N]     index of the prompt within the batch
 
-Metadata (strings) carries run, batch, attempt, policy version and reward names. Decoded text goes
+Metadata (strings) carries run, batch, attempt, policy version, reward names and reward metrics
+(what reward functions logged: name -> [sum, count], averaged over a step by the learner). Decoded text goes
 to a JSON sidecar for people; the learner never needs it. safetensors cannot hold code, so a hostile
 object can at worst be rejected, never executed.
 """
@@ -19,6 +20,7 @@ object can at worst be rejected, never executed.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -58,6 +60,7 @@ class Rollout:
     reward_parts: torch.Tensor
     group: torch.Tensor
     reward_names: list[str] = field(default_factory=list)
+    reward_metrics: dict[str, list[float]] = field(default_factory=dict)  # name -> [sum, count] (log_metric...)
 
     @property
     def num_samples(self) -> int:
@@ -77,6 +80,7 @@ class Rollout:
             "attempt": str(self.attempt),
             "policy_version": str(self.policy_version),
             "reward_names": json.dumps(self.reward_names),
+            "reward_metrics": json.dumps(self.reward_metrics),
         }
         return st_save(tensors, metadata=metadata)
 
@@ -214,7 +218,20 @@ def from_bytes(data: bytes, vocab_size: int | None = None, limits: Limits | None
     except (KeyError, ValueError) as e:
         raise InvalidRollout(f"rollout metadata is incomplete: {str(e)[:200]}") from None
     names = _reward_names(meta, tensors["reward_parts"].shape[1])
+    try:
+        metrics = json.loads(meta.get("reward_metrics", "{}"))
+    except (ValueError, RecursionError):
+        raise InvalidRollout("reward_metrics is not JSON") from None
+    if not _sums_and_counts(metrics):
+        raise InvalidRollout("rollout metadata 'reward_metrics' is not a mapping of names to [sum, count]")
     return Rollout(
         run_id=meta.get("run_id", ""), batch_id=meta.get("batch_id", ""), attempt=attempt, policy_version=version,
-        reward_names=names, **{name: tensors[name] for name in SPEC},
+        reward_names=names, reward_metrics=metrics, **{name: tensors[name] for name in SPEC},
     )
+
+
+def _sums_and_counts(metrics) -> bool:
+    return isinstance(metrics, dict) and len(metrics) <= 1000 and all(
+        isinstance(k, str) and isinstance(v, list) and len(v) == 2
+        and all(isinstance(x, (int, float)) and math.isfinite(x) for x in v) and v[1] > 0
+        for k, v in metrics.items())

@@ -18,6 +18,7 @@ proxy: a client must say what to train on what; the `demo` defaults are for spec
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Iterator
@@ -33,6 +34,7 @@ from brigade.v1 import brigade_pb2 as pb
 RUN_ID_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")  # whole string: fullmatch (a $ would accept "a\n")
 _INTERVAL = re.compile(r"^([\[(])(\S+), (\S+)([\])])$")  # "[0, 1)"
 _HALF_LINE = re.compile(r"^(>=|>) (\S+)$")  # ">= 1"
+_NAME = re.compile(r"^\S{1,200}$")  # a column or split name: not empty
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,7 @@ class Field:
     choices: tuple[str, ...] = ()
     required: bool = False  # must be non-empty; the proxy fills in no default
     pattern: re.Pattern[str] | None = None  # the doc says what it allows
+    as_json: bool = False  # a mapping in a spec file, its JSON text on the wire (types kept: 512 stays an int)
 
     @property
     def section(self) -> str:
@@ -57,6 +60,8 @@ class Field:
         """Why `value` is not allowed here, or None."""
         if self.required and not value:
             return f"is required ({self.doc})"
+        if self.as_json and value and not isinstance(_json_object(value), dict):
+            return f"{short_repr(value)} is not a mapping of arguments"
         if self.pattern and not self.pattern.fullmatch(value):
             return f"{short_repr(value)} is not {self.doc}"
         if self.choices and value not in self.choices:
@@ -74,9 +79,16 @@ FIELDS: tuple[Field, ...] = (
     Field("run_id", "demo", "1-63 chars of a-z 0-9 . _ - starting with a letter or digit",
           required=True, pattern=RUN_ID_RE),
     Field("model", "demo", "a Hugging Face id, a local folder, a bucket URI, or `demo`", required=True),
-    Field("dataset", "demo", "prompt set: `demo`, or JSONL with `prompt` and extra columns (a path or bucket URI)",
-          required=True),
+    Field("revision", "", "the model's branch, tag or commit on the Hub, for every service; empty = default branch"),
+    Field("trust_remote_code", False, "let transformers run code from the model's repository"),
+    Field("dataset", "demo", "prompt set: `demo`, a JSON/JSONL/CSV/Parquet file, a `save_to_disk` folder, "
+          "a Hub id, or a bucket URI of one of these", required=True),
+    Field("dataset_config", "", "a Hub dataset's configuration (`load_dataset`'s `name`); empty = its default"),
+    Field("dataset_split", "train", "a split name (`train`, `train[:90%]`): the one to train on", pattern=_NAME),
+    Field("prompt_column", "prompt", "a column name: the one holding each prompt, a string or a list of messages",
+          pattern=_NAME),
     Field("eval_dataset", "demo:heldout", "held-out prompts for the evaluator; empty = `dataset`"),
+    Field("eval_split", "", "the eval dataset's split; empty = `dataset_split`"),
     Field("dtype", "float32", "weights and training dtype", choices=("float32", "bfloat16", "float16")),
     Field("device", "auto", "where the learner trains", choices=("cpu", "cuda", "auto")),
     Field("prompts_per_batch", 8, "prompts in one leased batch", ">= 1"),
@@ -118,14 +130,24 @@ FIELDS: tuple[Field, ...] = (
     Field("staleness.max_attempts", 3, "after this many failed attempts a batch is dead-lettered", ">= 1"),
     # the list first: its default entries then get each entry field's default below
     Field("rewards", [{"function": "demo_sum"}], "reward functions, summed by weight", "non-empty"),
-    Field("rewards[].function", "", "a built-in (`demo_sum`, `math`) or `package.module:function`", required=True),
+    Field("rewards[].function", "", "a built-in (`demo_sum`, `math`, `code_exec`), `package.module:function`, or a "
+          "sequence-classification reward model (Hub id or folder)", required=True),
     Field("rewards[].weight", 1.0, "its weight in the sum"),
     Field("rewards[].sandboxed", False, "run it as an rq job in another process, with `timeout_s`"),
-    Field("rewards[].timeout_s", 10.0, "seconds one sandboxed call may take", "> 0"),
+    Field("rewards[].timeout_s", 10.0, "seconds one call may take", "> 0"),
+    Field("rewards[].kwargs", "", "a factory's arguments (a mapping): `function(**kwargs)` is the reward function",
+          as_json=True),
 )
 
 BY_PATH = {f.path: f for f in FIELDS}
 SECTIONS = ("lora", "sampling", "grpo", "staleness")  # RunSpec's message fields, as mappings in a file
+
+
+def _json_object(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
 
 
 def short_repr(value: str, limit: int = 64) -> str:
@@ -156,9 +178,11 @@ def _holders(spec: pb.RunSpec, section: str) -> Iterator[tuple[str, Message]]:
         yield (f"{section}." if section else "", getattr(spec, section) if section else spec)
 
 
-def assign(holder: Message, name: str, value: Any) -> None:
-    """Set one field from a spec-file value (a list of mappings for `rewards`); ParseError if it
-    does not parse as the field's type."""
+def assign(holder: Message, name: str, value: Any, as_json: bool = False) -> None:
+    """Set one field from a spec-file value (a list of mappings for `rewards`, a mapping for an
+    `as_json` field); ParseError if it does not parse as the field's type."""
+    if as_json and not isinstance(value, str):  # a mapping; anything else is refused by Field.problem
+        value = json.dumps(value, default=str)
     json_format.ParseDict({name: value}, holder)
 
 

@@ -80,7 +80,7 @@ def _parse_fields(data: Any, holder: Message, section: str, prefix: str, problem
         if name == "rewards":
             continue  # a list of sections, parsed by parse_spec
         try:
-            assign(holder, name, data.get(name, field.default))
+            assign(holder, name, data.get(name, field.default), field.as_json)
         except json_format.ParseError as e:
             m = _PARSE_ERROR.match(str(e))
             problems.append(f"{prefix}{name}: {m[1] if m else e}")

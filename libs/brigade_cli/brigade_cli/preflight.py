@@ -32,49 +32,21 @@ def check_model(model: str) -> str | None:
             f"such as HuggingFaceTB/SmolLM2-135M-Instruct, or `demo`")
 
 
-def check_dataset(field: str, name: str) -> str | None:
-    from brigade.datasets import DatasetError, load_prompts
-
-    try:
-        load_prompts(name)
-    except DatasetError as e:
-        hint = "" if Path(name).is_absolute() else f" (paths are relative to the working directory, {Path.cwd()})"
-        return f"{field}: {e}{hint}"
-    return None
-
-
-def check_rewards(rewards) -> list[str]:
-    from brigade.rewards import resolve
-
-    # the services run as `python -m ...` from this folder, which puts it on sys.path: so do we
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    problems = []
-    for i, r in enumerate(rewards):
-        try:
-            resolve(r.function)
-        except ValueError as e:
-            problems.append(f"rewards[{i}].function: {e} (a module of yours must be importable from the working "
-                            f"directory or PYTHONPATH)")
-    return problems
-
-
-def unknown_characters(spec: pb.RunSpec) -> str | None:
+def unknown_characters(spec: pb.RunSpec, prompts: list[pb.Prompt]) -> str | None:
     """A warning when prompts hold characters the model's tokenizer maps to its unknown token (a
     character-level vocabulary such as the demo model's), which the model then never sees."""
     if spec.model != "demo" and not Path(spec.model).is_dir():
         return None  # a Hub id: not loaded here
     from transformers import AutoTokenizer
 
-    from brigade.datasets import load_prompts
     from brigade.model import resolve_model
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(spec.model))
     unk = tokenizer.unk_token_id
     if unk is None:
         return None  # byte-level BPE: every character has tokens
-    bad = [(i, p.text) for i, p in enumerate(load_prompts(spec.dataset))
-           if unk in tokenizer(p.text, add_special_tokens=False)["input_ids"]]
+    bad = [(i, p.text) for i, p in enumerate(prompts)
+           if p.text and unk in tokenizer(p.text, add_special_tokens=False)["input_ids"]]
     if not bad:
         return None
     row, text = bad[0]
@@ -83,11 +55,21 @@ def unknown_characters(spec: pb.RunSpec) -> str | None:
             f"(first: row {row + 1}, {''.join(chars)[:20]!r}); they reach the model as {tokenizer.unk_token}")
 
 
-def preflight(spec: pb.RunSpec) -> None:
-    """Raise ConfigError with one line per problem found."""
-    problems = [p for p in (check_model(spec.model), check_dataset("dataset", spec.dataset)) if p]
-    if spec.eval_dataset and spec.eval_dataset != spec.dataset:
-        problems += [p for p in (check_dataset("eval_dataset", spec.eval_dataset),) if p]
-    problems += check_rewards(spec.rewards)
+def preflight(spec: pb.RunSpec) -> list[pb.Prompt]:
+    """The training prompts, or ConfigError with one line per problem found: the model folder here,
+    then the task (datasets, columns, reward functions, chat template: `brigade.task`)."""
+    from brigade.task import check_task
+
+    # the services run as `python -m ...` from this folder, which puts it on sys.path: so do we,
+    # for a reward module of the user's
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    problems = [p for p in (check_model(spec.model),) if p]
+    prompts: list[pb.Prompt] = []
+    try:
+        prompts = check_task(spec)
+    except ConfigError as e:
+        problems += [line.strip() for line in str(e).splitlines()[1:]]
     if problems:
         raise ConfigError("\n".join(problems))
+    return prompts

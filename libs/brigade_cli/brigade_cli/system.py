@@ -166,8 +166,8 @@ class LocalSystem:
             wait_for_port(int(self.proxy.rsplit(":", 1)[1]), 60, svc.proc)
         return svc
 
-    def create_run(self, spec, timeout: float = 60) -> None:
-        asyncio.run(create_run(self.proxy, self.token, spec, timeout))
+    def create_run(self, spec, timeout: float = 60, prompts=None) -> None:
+        asyncio.run(create_run(self.proxy, self.token, spec, timeout, prompts))
 
     def get_run(self, run: str):
         """The run's RunState, or None when the proxy's Redis has no such run."""
@@ -264,21 +264,21 @@ async def get_run(proxy: str, token: str, run: str):
             raise
 
 
-async def create_run(proxy: str, token: str, spec, timeout: float = 60) -> None:
-    """CreateRun with the spec's dataset (read once), retried through whatever may pass (the proxy
-    still starting, a bucket fault while it stores run.pb); a refusal (a bad spec, another run with
-    this id, a wrong token) is raised at once."""
+async def create_run(proxy: str, token: str, spec, timeout: float = 60, prompts=None) -> None:
+    """CreateRun with the spec's dataset (read once, unless the caller has `prompts`), retried
+    through whatever may pass (the proxy still starting, a bucket fault while it stores run.pb); a
+    refusal (a bad spec, another run with this id, a wrong token) is raised at once."""
     import grpc
 
     refusals = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.FAILED_PRECONDITION,
                 grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
                 grpc.StatusCode.UNIMPLEMENTED}
 
-    from brigade.datasets import load_prompts
+    from brigade.datasets import train_prompts
     from brigade.rpc import ProxyClient
     from brigade.v1 import brigade_pb2 as pb
 
-    request = pb.CreateRunRequest(spec=spec, prompts=load_prompts(spec.dataset), exist_ok=True)
+    request = pb.CreateRunRequest(spec=spec, prompts=prompts if prompts is not None else train_prompts(spec), exist_ok=True)
     deadline = time.monotonic() + timeout
     async with ProxyClient.connect(proxy, token) as client:
         while True:

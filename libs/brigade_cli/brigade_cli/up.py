@@ -198,10 +198,10 @@ def up(
                 _refuse("--resume needs the run's id: --run RUN (or run_id in the spec)")
             overrides["run_id"] = default_run_id(spec_path)
         spec = build_spec(overrides, path=spec_path or None)
-        preflight(spec)
+        prompts = preflight(spec)  # a bad model, dataset, column or reward: one line each, nothing started
     except ConfigError as e:
         _refuse(str(e))
-    if warning := unknown_characters(spec):
+    if warning := unknown_characters(spec, prompts):
         typer.echo(warning, err=True)
     if spec.max_steps == 0:
         _refuse("`brigade up` needs a finite max_steps (in the spec or --max-steps)")
@@ -230,7 +230,7 @@ def up(
 
             typer.echo(f"demo model: {resolve_model('demo')}")
         system.start_proxy()
-        _create(system, spec, resume)
+        _create(system, spec, resume, prompts)
         created = True
         write_endpoint(out_dir, spec.run_id, proxy)
         _write_spec(out_dir, spec)
@@ -306,7 +306,7 @@ class _Refused(Exception):
     """The proxy refused the run (a reused id, a spec it rejects): one line, nothing trained."""
 
 
-def _create(system, spec, resume: bool) -> None:
+def _create(system, spec, resume: bool, prompts) -> None:
     import grpc
 
     from brigade.rpc import describe_rpc_error
@@ -317,7 +317,7 @@ def _create(system, spec, resume: bool) -> None:
             raise _Refused(f"run {spec.run_id} already exists in Redis at {system.redis_url} (step "
                            f"{existing.learner_step}); --resume continues it, --run NEW starts another")
         # exist_ok: the check above decided; a retried CreateRun must not trip on its own first try
-        system.create_run(spec)
+        system.create_run(spec, prompts=prompts)
     except grpc.aio.AioRpcError as e:
         if e.code() == grpc.StatusCode.ALREADY_EXISTS:
             raise _Refused(f"run {spec.run_id} exists with a different spec ({e.details()}); resume it with its "

@@ -22,8 +22,8 @@ from brigade.v1 import brigade_pb2 as pb
 
 def tiny_model(out: str | Path, *, seed: int = 0, hidden: int = 32, layers: int = 2, heads: int = 2,
                intermediate: int = 64, max_positions: int = 64, vocab: int | None = None, tied: bool = False,
-               eos_boost: float = 4.0) -> Path:
-    """Save a random LlamaForCausalLM + the demo tokenizer under `out` (reused if present).
+               eos_boost: float = 4.0, tokenizer=None) -> Path:
+    """Save a random LlamaForCausalLM + the demo tokenizer (or `tokenizer`) under `out` (reused if present).
     `vocab` may exceed the tokenizer's (a bigger output layer for benchmarks); `tied` shares the
     input embedding with the output layer; `eos_boost` scales eos's output row, because a random
     init hardly ever emits eos and completions of varied lengths need it (1 = as initialised)."""
@@ -34,7 +34,7 @@ def tiny_model(out: str | Path, *, seed: int = 0, hidden: int = 32, layers: int 
     out = Path(out)
     if (out / "config.json").exists():
         return out
-    tok = build_tokenizer()
+    tok = tokenizer or build_tokenizer()
     tok.model_max_length = max_positions
     config = LlamaConfig(
         vocab_size=max(vocab or 0, len(tok)), hidden_size=hidden, intermediate_size=intermediate,
@@ -50,6 +50,31 @@ def tiny_model(out: str | Path, *, seed: int = 0, hidden: int = 32, layers: int 
             model.lm_head.weight[tok.eos_token_id] *= eos_boost
     model.save_pretrained(out)
     tok.save_pretrained(out)
+    return out
+
+
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %} <|{{ m['role'] }}|> {{ m['content'] }} {{ eos_token }}{% endfor %}"
+    "{% if add_generation_prompt %} <|assistant|>{% endif %}"
+)
+CHAT_WORDS = ("<|system|>", "<|user|>", "<|assistant|>", "<think>", "</think>", "Be", "brief.", "What", "is", "2+2?",
+              "3+4?", "4", "7", "The", "answer", "yes", "no")
+
+
+def chat_tokenizer():
+    """A word-level tokenizer with a real Jinja chat template, built here (nothing downloaded). Like
+    Llama's, it adds BOS to any text it encodes and its template writes BOS too: tokenizing a
+    rendered template the naive way gives two."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {w: i for i, w in enumerate(["<pad>", "<s>", "</s>", "<unk>", *CHAT_WORDS])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", vocab["<s>"])])
+    out = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                                  unk_token="<unk>", padding_side="left")
+    out.chat_template = CHAT_TEMPLATE
     return out
 
 

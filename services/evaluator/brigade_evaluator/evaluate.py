@@ -31,8 +31,8 @@ def _engine(run: str, spec):
 async def _evaluate(run: str, version: int, bucket_url: str, redis_url: str) -> dict:
     from brigade import adapters
     from brigade.bucket import ObjectExists, open_bucket
-    from brigade.datasets import load_prompts
-    from brigade.rewards import RewardSet, RqSandbox, reward_queue
+    from brigade.datasets import eval_prompts, prompt_value
+    from brigade.rewards import RewardCall, RewardSet, RqSandbox, TrainerState, reward_queue
     from brigade.store import NotFound, Store
     from brigade.v1 import brigade_pb2 as pb
 
@@ -50,24 +50,22 @@ async def _evaluate(run: str, version: int, bucket_url: str, redis_url: str) -> 
                 _, files = await adapters.read_version(bucket, run, version)
                 state = adapters.decode(files)
             engine.load_adapter(version, state)
-            prompts = load_prompts(spec.eval_dataset or spec.dataset)
+            prompts = eval_prompts(spec)
             sampling = pb.SamplingSpec()
             sampling.CopyFrom(spec.sampling)
             sampling.group_size = EVAL_GROUP
             seed = keys.batch_seed(run, f"eval:{version}", 0)
-            samples = await asyncio.to_thread(engine.generate, [p.text for p in prompts], sampling, seed, version,
+            samples = await asyncio.to_thread(engine.generate, [prompt_value(p) for p in prompts], sampling, seed, version,
                                               lambda: False)
             texts = engine.tokenizer.batch_decode([s.completion_ids for s in samples], skip_special_tokens=True)
-            columns: dict[str, list] = {}
-            for name in {c for p in prompts for c in p.columns}:
-                columns[name] = [prompts[s.group].columns.get(name, "") for s in samples]
             # sandboxed rewards run as rq jobs on the run's reward queue, served by our own rq worker
             sandbox = None
             if any(r.sandboxed for r in spec.rewards):
                 sandbox = RqSandbox(redis_url, reward_queue(run), start_worker=True)
-            rewards = RewardSet.from_specs(spec.rewards, sandbox)
-            scores = await rewards.score([prompts[s.group].text for s in samples], texts,
-                                         [s.completion_ids for s in samples], columns)
+            rewards = RewardSet.from_specs(spec.rewards, sandbox, device=spec.device,
+                                           trust_remote_code=spec.trust_remote_code)
+            state = TrainerState(global_step=version, max_steps=spec.max_steps, num_train_epochs=spec.epochs)
+            scores = await rewards.score(RewardCall.for_samples(prompts, samples, texts, state))
             await rewards.close()
             total = [v for v in scores.total if v is not None and math.isfinite(v)]
             result = {
@@ -75,6 +73,7 @@ async def _evaluate(run: str, version: int, bucket_url: str, redis_url: str) -> 
                 "reward_mean": sum(total) / len(total) if total else None,
                 "scored": len(total),
                 "per_function": {n: _mean(p) for n, p in zip(scores.names, scores.parts, strict=True)},
+                "rejected": scores.rejected,  # function -> why its result was refused (nothing scored then)
                 "eval_s": round(time.monotonic() - started, 3), "time_unix": time.time(),
             }
             try:

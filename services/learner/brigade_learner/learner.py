@@ -326,10 +326,10 @@ async def ensure_run(client: ProxyClient, target: str, run: str, spec_path: str)
     except grpc.aio.AioRpcError as e:
         if e.code() != grpc.StatusCode.NOT_FOUND or not spec_path:
             raise
-    from brigade.datasets import load_prompts
+    from brigade.datasets import train_prompts
 
     spec = build_spec({"run_id": run}, path=spec_path)
-    prompts = load_prompts(spec.dataset)
+    prompts = train_prompts(spec)
     req = pb.CreateRunRequest(spec=spec, prompts=prompts, exist_ok=True)
     await retry_unavailable("CreateRun", lambda: client.runs.CreateRun(req, timeout=60), target)
     log.info("run_created", run=run, dataset=spec.dataset, prompts=len(prompts))

@@ -285,4 +285,10 @@ def reward_stats(rollouts: list[Rollout]) -> dict[str, float]:
         if col.numel():
             out[f"reward/{name}/mean"] = col.mean().item()
             out[f"reward/{name}/std"] = col.std(correction=0).item()
+    logged: dict[str, list[float]] = {}  # what reward functions logged, averaged over the step as TRL does
+    for r in rollouts:
+        for name, (total, count) in r.reward_metrics.items():
+            acc = logged.setdefault(name, [0.0, 0.0])
+            acc[0], acc[1] = acc[0] + total, acc[1] + count
+    out.update({name: total / count for name, (total, count) in logged.items()})
     return out

@@ -52,10 +52,11 @@ from brigade.bucket import (
     open_bucket,
     sha256_hex,
 )
+from brigade.datasets import prompt_value
 from brigade.engine import make_engine
 from brigade.engine.base import Engine, Sample, Stopped
 from brigade.retry import Backoff, retry
-from brigade.rewards import RewardSet, RqSandbox, reward_queue
+from brigade.rewards import RewardCall, RewardSet, RqSandbox, Scores, TrainerState, reward_queue
 from brigade.rollout_format import Rollout
 from brigade.rpc import ProxyClient, describe_rpc_error
 from brigade.v1 import brigade_pb2 as pb
@@ -135,7 +136,8 @@ async def with_retries(what: str, fn: Callable[[], Awaitable[T]], retryable: Cal
 
 
 def build_rollout(lease: pb.Lease, samples: list[Sample], totals: list[float | None],
-                  parts: list[list[float | None]], names: list[str], pad_id: int) -> Rollout:
+                  parts: list[list[float | None]], names: list[str], pad_id: int,
+                  reward_metrics: dict[str, list[float]] | None = None) -> Rollout:
     n, p = len(samples), max(len(s.prompt_ids) for s in samples)
     c = max(1, max(len(s.completion_ids) for s in samples))
     prompt_ids = torch.full((n, p), pad_id, dtype=torch.int64)
@@ -159,20 +161,25 @@ def build_rollout(lease: pb.Lease, samples: list[Sample], totals: list[float | N
         reward_parts=torch.tensor([[nan if v is None else v for v in col] for col in parts],
                                   dtype=torch.float32).T.reshape(n, len(parts)),
         group=torch.tensor([s.group for s in samples], dtype=torch.int32), reward_names=names,
+        reward_metrics=reward_metrics or {},
     )
 
 
 def text_sidecar(lease: pb.Lease, worker_id: str, samples: list[Sample], completions: list[str],
-                 totals: list[float | None], parts: list[list[float | None]], names: list[str]) -> bytes:
+                 totals: list[float | None], parts: list[list[float | None]], names: list[str],
+                 scores: Scores | None = None) -> bytes:
     prompts = lease.batch.prompts
+    extra = scores.extra if scores else {}
     rows = [
-        {"group": s.group, "prompt_id": prompts[s.group].id, "prompt": prompts[s.group].text, "completion": text,
-         "reward": total, "reward_parts": dict(zip(names, [col[i] for col in parts], strict=True)),
-         "finished": s.finished, "num_tokens": len(s.completion_ids)}
+        {"group": s.group, "prompt_id": prompts[s.group].id, "prompt": prompt_value(prompts[s.group]),
+         "completion": text, "reward": total, "reward_parts": dict(zip(names, [col[i] for col in parts], strict=True)),
+         "finished": s.finished, "num_tokens": len(s.completion_ids),
+         **({"extra": {k: v[i] for k, v in extra.items()}} if extra else {})}
         for i, (s, text, total) in enumerate(zip(samples, completions, totals, strict=True))
     ]
     doc = {"run_id": lease.run_id, "batch_id": lease.batch.batch_id, "attempt": lease.attempt,
-           "policy_version": lease.adapter_version, "worker_id": worker_id, "reward_names": names, "samples": rows}
+           "policy_version": lease.adapter_version, "worker_id": worker_id, "reward_names": names,
+           "rejected": scores.rejected if scores else {}, "samples": rows}
     return json.dumps(doc, indent=1).encode()
 
 
@@ -189,7 +196,8 @@ class Worker:
         self.cache: AdapterCache | None = None
         self.rewards: RewardSet | None = None
         self.spec: pb.RunSpec | None = None
-        self.stats = {"completed": 0, "duplicates": 0, "revoked": 0, "lost": 0, "failed": 0, "preempted": 0}
+        self.stats = {"completed": 0, "duplicates": 0, "revoked": 0, "lost": 0, "failed": 0, "preempted": 0,
+                      "rewards_rejected": 0}
         self._main: asyncio.Task | None = None
         self._run_task: asyncio.Task | None = None
         self._stopping = asyncio.Event()
@@ -258,7 +266,8 @@ class Worker:
         if any(r.sandboxed for r in spec.rewards) and cfg.redis_url:
             sandbox = RqSandbox(cfg.redis_url, reward_queue(cfg.run), start_worker=cfg.reward_workers)
         try:
-            self.rewards = RewardSet.from_specs(spec.rewards, sandbox)
+            self.rewards = RewardSet.from_specs(spec.rewards, sandbox, device=cfg.device or spec.device,
+                                                trust_remote_code=spec.trust_remote_code)
         except ValueError as e:
             if sandbox is not None:
                 sandbox.close()
@@ -314,13 +323,14 @@ class Worker:
         try:
             adapter = await self._adapter(lease.adapter_version)
             await asyncio.to_thread(self.engine.load_adapter, adapter.version, adapter.state)
-            prompts = [p.text for p in lease.batch.prompts]
+            prompts = [prompt_value(p) for p in lease.batch.prompts]
             t_gen = time.monotonic()
             samples = await asyncio.to_thread(self.engine.generate, prompts, self.spec.sampling, lease.seed,
                                               lease.adapter_version, stop.is_set)
             t_gen = time.monotonic() - t_gen
             completions = self.engine.tokenizer.batch_decode([s.completion_ids for s in samples], skip_special_tokens=True)
             scores = await self._score(lease, samples, completions)
+            self.stats["rewards_rejected"] += bool(scores.rejected)  # uploaded unscored: the learner refuses it
             if stop.is_set():
                 raise Stopped()
             self._committing = True
@@ -369,19 +379,18 @@ class Worker:
             raise BatchError(f"adapter v{version} is unusable: {e}") from e
 
     async def _score(self, lease: pb.Lease, samples: list[Sample], completions: list[str]):
-        prompts = lease.batch.prompts
-        names = sorted({k for p in prompts for k in p.columns})
-        columns = {k: [prompts[s.group].columns.get(k) for s in samples] for k in names}
-        return await self.rewards.score([prompts[s.group].text for s in samples], completions,
-                                        [s.completion_ids for s in samples], columns)
+        state = TrainerState(global_step=lease.adapter_version, max_steps=self.spec.max_steps,
+                             epoch=float(lease.batch.epoch), num_train_epochs=self.spec.epochs)
+        return await self.rewards.score(RewardCall.for_samples(lease.batch.prompts, samples, completions, state))
 
     async def _upload(self, lease: pb.Lease, samples, completions, scores, payload: str, t0: float) -> pb.RolloutManifest:
         cfg = self.cfg
         totals = scores.total
         pad = self.engine.tokenizer.pad_token_id
-        rollout = build_rollout(lease, samples, totals, scores.parts, scores.names, 0 if pad is None else pad)
+        rollout = build_rollout(lease, samples, totals, scores.parts, scores.names, 0 if pad is None else pad,
+                                scores.step_metrics())
         data = rollout.to_bytes()
-        text = text_sidecar(lease, cfg.worker_id, samples, completions, totals, scores.parts, scores.names)
+        text = text_sidecar(lease, cfg.worker_id, samples, completions, totals, scores.parts, scores.names, scores)
         key = keys.rollout_key(lease.run_id, lease.batch.batch_id, lease.attempt)
         text_key = keys.rollout_text_key(lease.run_id, lease.batch.batch_id, lease.attempt)
         digest = await self._put_once(key, data, must_match=True)

@@ -3,6 +3,9 @@
     engine.load_adapter(version, state)       # state None = version 0 (the fresh LoRA)
     engine.generate(prompts, sampling, seed, adapter_version, should_stop) -> list[Sample]
 
+A prompt is a string or a list of chat messages; every engine turns it into token ids with
+`brigade.chat.prompt_ids`, so the ids do not depend on the engine.
+
 Its own module so that an engine, the rollout worker and the evaluator depend on this contract
 and not on each other (hf needs transformers, vllm needs a GPU).
 """
@@ -16,6 +19,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:  # annotations only: the interface costs no torch import
     import torch
 
+    from brigade.chat import Prompt
     from brigade.v1 import brigade_pb2 as pb
 
 StopFn = Callable[[], bool]
@@ -45,5 +49,5 @@ class Engine(Protocol):
 
     def load_adapter(self, version: int, state: dict[str, torch.Tensor] | None) -> None: ...
 
-    def generate(self, prompts: list[str], sampling: pb.SamplingSpec, seed: int, adapter_version: int,
+    def generate(self, prompts: list[Prompt], sampling: pb.SamplingSpec, seed: int, adapter_version: int,
                  should_stop: StopFn) -> list[Sample]: ...

@@ -21,6 +21,8 @@ from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList,
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from brigade.adapters import adapter_state, apply
+from brigade.chat import Prompt as ChatPrompt
+from brigade.chat import prompt_ids
 from brigade.engine.base import Sample, StopFn, Stopped, WrongAdapter
 from brigade.model import attach_lora, load_base, pick_device, position_ids
 from brigade.v1 import brigade_pb2 as pb
@@ -71,6 +73,13 @@ def sampling_processors(sampling: pb.SamplingSpec) -> list[LogitsProcessor]:
     return out
 
 
+def left_padded(rows: list[list[int]], pad_id: int, device: torch.device) -> dict[str, torch.Tensor]:
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([[pad_id] * (width - len(r)) + r for r in rows], device=device)
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=device)
+    return {"input_ids": ids, "attention_mask": mask}
+
+
 class HFEngine:
     name = "hf"
 
@@ -111,12 +120,13 @@ class HFEngine:
             self.version = version
 
     @torch.inference_mode()
-    def generate(self, prompts: list[str], sampling: pb.SamplingSpec, seed: int, adapter_version: int,
+    def generate(self, prompts: list[ChatPrompt], sampling: pb.SamplingSpec, seed: int, adapter_version: int,
                  should_stop: StopFn) -> list[Sample]:
         with self._lock:
             if adapter_version != self.version:
                 raise WrongAdapter(f"asked for adapter v{adapter_version}, v{self.version} is loaded")
-            rows = [(g, p) for g, p in enumerate(prompts) for _ in range(sampling.group_size)]
+            ids = [prompt_ids(self.tokenizer, p) for p in prompts]
+            rows = [(g, p) for g, p in enumerate(ids) for _ in range(sampling.group_size)]
             out: list[Sample] = []
             # chunks bound activation memory; each chunk's seed is derived so a batch stays reproducible
             for i in range(0, len(rows), self.max_rows):
@@ -125,10 +135,10 @@ class HFEngine:
                 out += self._generate_rows(rows[i : i + self.max_rows], sampling, seed + i, should_stop)
             return out
 
-    def _generate_rows(self, rows: list[tuple[int, str]], sampling: pb.SamplingSpec, seed: int,
+    def _generate_rows(self, rows: list[tuple[int, list[int]]], sampling: pb.SamplingSpec, seed: int,
                        should_stop: StopFn) -> list[Sample]:
         tok = self.tokenizer
-        enc = tok([p for _, p in rows], return_tensors="pt", padding=True, padding_side="left").to(self.device)
+        enc = left_padded([p for _, p in rows], tok.pad_token_id, self.device)
         mask = enc["attention_mask"]
         recorder = _Recorder()
         tap = _Tap(recorder, should_stop)

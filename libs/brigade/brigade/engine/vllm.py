@@ -14,7 +14,10 @@ How it maps brigade onto vLLM:
 - `SamplingParams(n=G, seed=..., temperature, top_p, top_k, max_tokens, logprobs=0)` per prompt,
   with `logprobs_mode="processed_logprobs"` on the engine where vLLM has it, so the returned
   log-probs are of the distribution actually sampled (after temperature, top-k, top-p), as the
-  learner's ratio expects. Older vLLM returns raw log-probs; that is logged at start.
+  learner's ratio expects. Older vLLM returns raw log-probs; that is logged at start;
+- prompts go in as token ids (`token_prompts`), from `brigade.chat.prompt_ids` like the hf
+  engine's: one chat template rendering, one BOS;
+- the spec's `revision` pins weights and tokenizer, `trust_remote_code` is passed as given.
 
 Generation stops cooperatively between chunks of prompts (`chunk_prompts`), not per token.
 The request-building functions are pure and unit-tested without vLLM or a GPU.
@@ -31,6 +34,8 @@ import structlog
 import torch
 from safetensors.torch import save_file
 
+from brigade.chat import Prompt as ChatPrompt
+from brigade.chat import prompt_ids
 from brigade.engine.base import Sample, StopFn, Stopped, WrongAdapter
 from brigade.model import resolve_model
 from brigade.v1 import brigade_pb2 as pb
@@ -46,6 +51,8 @@ def llm_kwargs(spec: pb.RunSpec, model_path: str, gpu_memory_utilization: float 
         model=model_path, dtype=dtype, seed=int(spec.seed) & 0x7FFFFFFF, enable_lora=True,
         max_loras=spec.staleness.max_staleness + 2, max_lora_rank=spec.lora.rank,
         gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=True,
+        revision=spec.revision or None, tokenizer_revision=spec.revision or None,
+        trust_remote_code=spec.trust_remote_code,
     )
     if processed_logprobs:
         kw["logprobs_mode"] = "processed_logprobs"
@@ -57,6 +64,12 @@ def lora_request_args(run: str, version: int, path: str | Path) -> dict[str, Any
     if version == 0:
         return None
     return dict(lora_name=f"{run}-v{version}", lora_int_id=version + 1, lora_path=str(path))
+
+
+def token_prompts(tokenizer, prompts: list[ChatPrompt]) -> list[dict[str, list[int]]]:
+    """vLLM TokensPrompts: the ids `brigade.chat.prompt_ids` makes (the hf engine's, the learner's),
+    so vLLM never tokenizes or templates a prompt its own way."""
+    return [{"prompt_token_ids": prompt_ids(tokenizer, p)} for p in prompts]
 
 
 def sampling_kwargs(sampling: pb.SamplingSpec, seed: int, index: int) -> dict[str, Any]:
@@ -138,7 +151,7 @@ class VLLMEngine:
         self._request = LoRARequest(**args) if args else None
         self.version = version
 
-    def generate(self, prompts: list[str], sampling: pb.SamplingSpec, seed: int, adapter_version: int,
+    def generate(self, prompts: list[ChatPrompt], sampling: pb.SamplingSpec, seed: int, adapter_version: int,
                  should_stop: StopFn) -> list[Sample]:
         from vllm import SamplingParams
 
@@ -148,7 +161,7 @@ class VLLMEngine:
         for start in range(0, len(prompts), self.chunk_prompts):
             if should_stop():
                 raise Stopped()
-            chunk = prompts[start : start + self.chunk_prompts]
+            chunk = token_prompts(self.tokenizer, prompts[start : start + self.chunk_prompts])
             params = [SamplingParams(**sampling_kwargs(sampling, seed, start + i)) for i in range(len(chunk))]
             results = self.llm.generate(chunk, params, lora_request=self._request, use_tqdm=False)
             for s in samples_from_outputs(results, self.tokenizer.eos_token_id):

@@ -110,6 +110,10 @@ WIRE_BOUNDS: dict[str, Bound] = {
     "RunSpec.seed": Bound(2**64 - 1, "any uint64 (hashed in Python, never given to Lua)", unit=""),
     "RunSpec.rewards": Bound(64, "reward functions of one run", unit="entries"),
     "RewardSpec.function": Bound(MAX_ID_CHARS, "a reward function's name", printable=True),
+    "RewardSpec.kwargs": Bound(MAX_TEXT, "a reward factory's arguments, a JSON object"),
+    "RunSpec.revision": Bound(MAX_ID_CHARS, "a model branch, tag or commit", printable=True),
+    **{f"RunSpec.{f}": Bound(MAX_ID_CHARS, "a dataset split, column or configuration name", printable=True)
+       for f in ("dataset_split", "eval_split", "prompt_column", "dataset_config")},
     "LoraSpec.target_modules": Bound(256, "module names", unit="entries"),
     "LoraSpec.target_modules[]": Bound(MAX_ID_CHARS, "a module name", printable=True),
     **{f"{m}.{f}": _label("one of the spec's choices") for m, f in (

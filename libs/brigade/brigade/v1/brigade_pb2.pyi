@@ -74,19 +74,21 @@ class StalenessSpec(_message.Message):
     def __init__(self, max_staleness: _Optional[int] = ..., lease_seconds: _Optional[int] = ..., max_attempts: _Optional[int] = ...) -> None: ...
 
 class RewardSpec(_message.Message):
-    __slots__ = ("function", "weight", "sandboxed", "timeout_s")
+    __slots__ = ("function", "weight", "sandboxed", "timeout_s", "kwargs")
     FUNCTION_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_FIELD_NUMBER: _ClassVar[int]
     SANDBOXED_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    KWARGS_FIELD_NUMBER: _ClassVar[int]
     function: str
     weight: float
     sandboxed: bool
     timeout_s: float
-    def __init__(self, function: _Optional[str] = ..., weight: _Optional[float] = ..., sandboxed: _Optional[bool] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+    kwargs: str
+    def __init__(self, function: _Optional[str] = ..., weight: _Optional[float] = ..., sandboxed: _Optional[bool] = ..., timeout_s: _Optional[float] = ..., kwargs: _Optional[str] = ...) -> None: ...
 
 class RunSpec(_message.Message):
-    __slots__ = ("run_id", "model", "dtype", "device", "lora", "sampling", "grpo", "staleness", "rewards", "prompts_per_batch", "batches_per_step", "max_steps", "publish_every", "checkpoint_every", "seed", "adapter_payload", "eval_every", "sync", "epochs", "dataset", "eval_dataset")
+    __slots__ = ("run_id", "model", "dtype", "device", "lora", "sampling", "grpo", "staleness", "rewards", "prompts_per_batch", "batches_per_step", "max_steps", "publish_every", "checkpoint_every", "seed", "adapter_payload", "eval_every", "sync", "epochs", "dataset", "eval_dataset", "revision", "trust_remote_code", "dataset_split", "eval_split", "prompt_column", "dataset_config")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -108,6 +110,12 @@ class RunSpec(_message.Message):
     EPOCHS_FIELD_NUMBER: _ClassVar[int]
     DATASET_FIELD_NUMBER: _ClassVar[int]
     EVAL_DATASET_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    TRUST_REMOTE_CODE_FIELD_NUMBER: _ClassVar[int]
+    DATASET_SPLIT_FIELD_NUMBER: _ClassVar[int]
+    EVAL_SPLIT_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_COLUMN_FIELD_NUMBER: _ClassVar[int]
+    DATASET_CONFIG_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     model: str
     dtype: str
@@ -129,10 +137,16 @@ class RunSpec(_message.Message):
     epochs: int
     dataset: str
     eval_dataset: str
-    def __init__(self, run_id: _Optional[str] = ..., model: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., lora: _Optional[_Union[LoraSpec, _Mapping]] = ..., sampling: _Optional[_Union[SamplingSpec, _Mapping]] = ..., grpo: _Optional[_Union[GrpoSpec, _Mapping]] = ..., staleness: _Optional[_Union[StalenessSpec, _Mapping]] = ..., rewards: _Optional[_Iterable[_Union[RewardSpec, _Mapping]]] = ..., prompts_per_batch: _Optional[int] = ..., batches_per_step: _Optional[int] = ..., max_steps: _Optional[int] = ..., publish_every: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., seed: _Optional[int] = ..., adapter_payload: _Optional[str] = ..., eval_every: _Optional[int] = ..., sync: _Optional[bool] = ..., epochs: _Optional[int] = ..., dataset: _Optional[str] = ..., eval_dataset: _Optional[str] = ...) -> None: ...
+    revision: str
+    trust_remote_code: bool
+    dataset_split: str
+    eval_split: str
+    prompt_column: str
+    dataset_config: str
+    def __init__(self, run_id: _Optional[str] = ..., model: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., lora: _Optional[_Union[LoraSpec, _Mapping]] = ..., sampling: _Optional[_Union[SamplingSpec, _Mapping]] = ..., grpo: _Optional[_Union[GrpoSpec, _Mapping]] = ..., staleness: _Optional[_Union[StalenessSpec, _Mapping]] = ..., rewards: _Optional[_Iterable[_Union[RewardSpec, _Mapping]]] = ..., prompts_per_batch: _Optional[int] = ..., batches_per_step: _Optional[int] = ..., max_steps: _Optional[int] = ..., publish_every: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., seed: _Optional[int] = ..., adapter_payload: _Optional[str] = ..., eval_every: _Optional[int] = ..., sync: _Optional[bool] = ..., epochs: _Optional[int] = ..., dataset: _Optional[str] = ..., eval_dataset: _Optional[str] = ..., revision: _Optional[str] = ..., trust_remote_code: _Optional[bool] = ..., dataset_split: _Optional[str] = ..., eval_split: _Optional[str] = ..., prompt_column: _Optional[str] = ..., dataset_config: _Optional[str] = ...) -> None: ...
 
 class Prompt(_message.Message):
-    __slots__ = ("id", "text", "columns")
+    __slots__ = ("id", "text", "columns", "messages_json", "columns_json")
     class ColumnsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -143,10 +157,14 @@ class Prompt(_message.Message):
     ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_JSON_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_JSON_FIELD_NUMBER: _ClassVar[int]
     id: str
     text: str
     columns: _containers.ScalarMap[str, str]
-    def __init__(self, id: _Optional[str] = ..., text: _Optional[str] = ..., columns: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    messages_json: str
+    columns_json: str
+    def __init__(self, id: _Optional[str] = ..., text: _Optional[str] = ..., columns: _Optional[_Mapping[str, str]] = ..., messages_json: _Optional[str] = ..., columns_json: _Optional[str] = ...) -> None: ...
 
 class PromptBatch(_message.Message):
     __slots__ = ("batch_id", "run_id", "epoch", "index", "prompts")

@@ -1,0 +1,58 @@
+"""The task a run spec names, checked before any service starts: the prompt sets read, the reward
+functions resolved and their signatures checked against the dataset's columns, and, for
+conversational prompts, the model's tokenizer loaded and its chat template found. Each problem is
+one line naming the dataset, column or function and what to do (`brigade up` prints them and
+exits before starting anything)."""
+
+from __future__ import annotations
+
+from brigade.datasets import DatasetError, eval_prompts, row_columns, train_prompts
+from brigade.spec import refuse
+from brigade.v1 import brigade_pb2 as pb
+
+
+def check_task(spec: pb.RunSpec) -> list[pb.Prompt]:
+    """The training prompts, or ConfigError listing every problem of the task."""
+    problems: list[str] = []
+    prompts: list[pb.Prompt] = []
+    try:
+        prompts = train_prompts(spec)
+    except DatasetError as e:
+        problems.append(str(e))
+    evaluated = not spec.HasField("eval_every") or spec.eval_every > 0
+    if evaluated and (spec.eval_dataset or spec.eval_split):
+        try:
+            eval_prompts(spec)
+        except DatasetError as e:
+            problems.append(f"eval: {e}")
+    columns = sorted({k for p in prompts for k in row_columns(p)}) if prompts else None
+    problems += reward_problems(spec, columns)
+    if any(p.messages_json for p in prompts):
+        problems += template_problems(spec)
+    refuse(problems)
+    return prompts
+
+
+def reward_problems(spec: pb.RunSpec, columns: list[str] | None) -> list[str]:
+    from brigade.rewards import usable
+
+    out = []
+    for i, r in enumerate(spec.rewards):
+        try:
+            usable(r.function, r.kwargs, columns, device="cpu", trust_remote_code=spec.trust_remote_code)
+        except ValueError as e:
+            out.append(f"rewards[{i}]: {e}")
+    return out
+
+
+def template_problems(spec: pb.RunSpec) -> list[str]:
+    from brigade.chat import ChatTemplateError, render
+    from brigade.model import load_tokenizer
+
+    try:
+        render(load_tokenizer(spec), [{"role": "user", "content": "hi"}])
+    except ChatTemplateError as e:
+        return [f"model {spec.model!r}: {e}"]
+    except Exception as e:  # noqa: BLE001 - not cached offline, no such folder, a broken template...
+        return [f"model {spec.model!r}: cannot load its tokenizer: {type(e).__name__}: {str(e).splitlines()[0]}"]
+    return []
