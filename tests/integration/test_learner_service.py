@@ -19,7 +19,9 @@ import sys
 import time
 from pathlib import Path
 
+import grpc
 import pytest
+import redis
 import redis.asyncio as aioredis
 import torch
 import yaml
@@ -71,6 +73,17 @@ def write_spec(tmp_path: Path, run: str, model_dir: Path, **overrides) -> Path:
     return path
 
 
+async def unless_unavailable(call):
+    """A call answered again while the proxy says UNAVAILABLE (Redis restarting under it)."""
+    while True:
+        try:
+            return await call()
+        except grpc.aio.AioRpcError as e:
+            if e.code() != grpc.StatusCode.UNAVAILABLE:
+                raise
+            await asyncio.sleep(0.2)
+
+
 async def drive_workers(addr: str, bucket_url: str, run: str, model_dir: Path, stop: asyncio.Event) -> int:
     """Lease, generate with the leased version, upload, complete; until the run is finished."""
     from transformers import AutoTokenizer
@@ -89,8 +102,8 @@ async def drive_workers(addr: str, bucket_url: str, run: str, model_dir: Path, s
         worker = Trainer.create(spec)  # the same v0 as the learner (seeded), used for sampling only
         version = 0
         while not stop.is_set():
-            resp = await client.lease.AcquireLease(pb.AcquireLeaseRequest(
-                run_id=run, worker_id="driver", capacity_class="spot", price_per_hour=0.5, engine="hf"), timeout=10)
+            resp = await unless_unavailable(lambda: client.lease.AcquireLease(pb.AcquireLeaseRequest(
+                run_id=run, worker_id="driver", capacity_class="spot", price_per_hour=0.5, engine="hf"), timeout=10))
             if not resp.granted:
                 if resp.reason == "finished":
                     return completed
@@ -119,8 +132,8 @@ async def drive_workers(addr: str, bucket_url: str, run: str, model_dir: Path, s
                 num_tokens=r.num_tokens, reward_mean=float(r.rewards.mean()), compute_seconds=time.monotonic() - t0,
                 price_per_hour=0.5, capacity_class="spot", adapter_payload="bf16", engine="hf",
                 created_ms=int(time.time() * 1000))
-            await client.lease.CompleteLease(pb.CompleteLeaseRequest(
-                run_id=run, lease_id=lease.lease_id, worker_id="driver", manifest=manifest), timeout=10)
+            done = pb.CompleteLeaseRequest(run_id=run, lease_id=lease.lease_id, worker_id="driver", manifest=manifest)
+            await unless_unavailable(lambda req=done: client.lease.CompleteLease(req, timeout=10))
             completed += 1
     return completed
 
@@ -295,3 +308,57 @@ async def test_publish_and_checkpoint_every_two_steps_in_process(tmp_path, redis
     assert int(await r.get(keys.RunKeys(run).learner_step)) == 6
     assert await r.scard(keys.RunKeys(run).consumed) == 6
     await r.aclose()
+
+
+async def test_redis_restart_between_delivery_and_reply_strands_no_batch(tmp_path, file_bucket_url, monkeypatch):
+    """Redis restarts right after the delivering read of a pull, and the pull's reply is lost with
+    it: the delivered entry sits in the learner's pending list, where no read of new entries finds
+    it. The learner reads its pending entries again after the failed pull and trains it; nothing
+    is left holding an admission slot."""
+    from brigade.store.learner import Learner as StoreLearner
+    from brigade_learner.learner import LearnerConfig, serve
+    from brigade_proxy.server import start_server
+
+    redis_server = start_redis(tmp_path / "redis", appendonly=True)
+    run = f"restart-{os.getpid()}-{int(time.time())}"
+    model_dir = tiny_model(tmp_path / "model", heads=4, tied=True, eos_boost=1.0)
+    spec_path = write_spec(tmp_path, run, model_dir, max_steps=4)
+    deliver, stranded, deliveries = StoreLearner._deliver, [], []
+
+    async def deliver_then_restart(self, k, learner, count, wait_ms):
+        res = await deliver(self, k, learner, count, wait_ms)
+        deliveries.append(bool(res))
+        # the second delivery: the first may come from the start-up pull, which reads pending first anyway
+        if res and deliveries.count(True) == 2:
+            stranded.extend(entry_id.decode() for _, entries in res for entry_id, _ in entries)
+            await asyncio.to_thread(redis_server.restart)  # SIGTERM: the AOF keeps the delivery
+            raise redis.exceptions.ConnectionError("Connection closed by server.")
+        return res
+
+    monkeypatch.setattr(StoreLearner, "_deliver", deliver_then_restart)
+    server = await start_server(redis_server.url, "127.0.0.1:0", bucket_url=file_bucket_url)
+    addr = f"127.0.0.1:{server.port}"
+    stop = asyncio.Event()
+    driver = asyncio.create_task(drive_workers(addr, file_bucket_url, run, model_dir, stop))
+    r = aioredis.from_url(redis_server.url)
+    try:
+        await asyncio.wait_for(serve(LearnerConfig(proxy=addr, bucket=file_bucket_url, run=run,
+                                                   spec_path=str(spec_path), pull_wait_ms=200)), 120)
+        k = keys.RunKeys(run)
+        assert stranded, "the hook never ran"
+        async with open_bucket(file_bucket_url) as bucket:
+            _, files = await checkpoint.latest(bucket, run)
+        trained = json.loads(files[checkpoint.STATE])["consumed"]
+        assert len(trained) == 4 and set(trained) == {b.decode() for b in await r.smembers(k.consumed)}
+        # the stranded delivery was trained and acked: off the stream, out of admission's count
+        for entry_id in stranded:
+            assert await r.xrange(k.rollouts, entry_id, entry_id) == []
+        pending = await r.xpending(k.rollouts, keys.LEARNER_GROUP)
+        assert pending["pending"] <= 1  # at most what the prefetcher pulled ahead of a step never taken
+        assert int(await r.get(k.learner_step)) == 4 and int(await r.get(k.adapter_latest)) == 4
+    finally:
+        stop.set()
+        driver.cancel()
+        await server.stop(0)
+        await r.aclose()
+        redis_server.stop()
