@@ -132,6 +132,24 @@ class BucketWatcher(threading.Thread):
         self.poll(recheck=True)
 
 
+# ---------------------------------------------------------------- Redis's append-only file
+
+
+def aof_tail_file(redis_dir: Path) -> Path:
+    """The file Redis appends to now: with Redis 7's multi-part AOF, the newest incr file its
+    manifest names under appendonlydir (a rewrite starts a new one)."""
+    folder = redis_dir / "appendonlydir"
+    name = ""
+    for line in (folder / "appendonly.aof.manifest").read_text().splitlines():
+        fields = line.split()
+        entry = dict(zip(fields[::2], fields[1::2], strict=False))
+        if entry.get("type") == "i":
+            name = entry["file"]
+    if not name:
+        raise FileNotFoundError(f"no incr file in {folder}/appendonly.aof.manifest")
+    return folder / name
+
+
 # ---------------------------------------------------------------- processes
 
 

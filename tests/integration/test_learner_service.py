@@ -84,8 +84,10 @@ async def unless_unavailable(call):
             await asyncio.sleep(0.2)
 
 
-async def drive_workers(addr: str, bucket_url: str, run: str, model_dir: Path, stop: asyncio.Event) -> int:
-    """Lease, generate with the leased version, upload, complete; until the run is finished."""
+async def drive_workers(addr: str, bucket_url: str, run: str, model_dir: Path, stop: asyncio.Event,
+                        gate: asyncio.Event | None = None, parked: asyncio.Event | None = None) -> int:
+    """Lease, generate with the leased version, upload, complete; until the run is finished. With a
+    `gate`, each lease waits for it to be set (`parked` is set while it waits)."""
     from transformers import AutoTokenizer
 
     completed = 0
@@ -102,6 +104,10 @@ async def drive_workers(addr: str, bucket_url: str, run: str, model_dir: Path, s
         worker = Trainer.create(spec)  # the same v0 as the learner (seeded), used for sampling only
         version = 0
         while not stop.is_set():
+            if gate is not None and not gate.is_set():
+                parked.set()
+                await gate.wait()
+                parked.clear()
             resp = await unless_unavailable(lambda: client.lease.AcquireLease(pb.AcquireLeaseRequest(
                 run_id=run, worker_id="driver", capacity_class="spot", price_per_hour=0.5, engine="hf"), timeout=10))
             if not resp.granted:
@@ -358,6 +364,67 @@ async def test_redis_restart_between_delivery_and_reply_strands_no_batch(tmp_pat
         assert int(await r.get(k.learner_step)) == 4 and int(await r.get(k.adapter_latest)) == 4
     finally:
         stop.set()
+        driver.cancel()
+        await server.stop(0)
+        await r.aclose()
+        redis_server.stop()
+
+
+async def test_learner_repairs_redis_that_lost_its_last_writes(tmp_path, file_bucket_url, monkeypatch):
+    """Redis is SIGKILLed right after the learner's step-2 commit and comes back from an append-only
+    file cut back to before it (a host crash under appendfsync everysec): v2's publish and the
+    step-2 ack are gone. The running learner notices at its next commit, re-publishes v2 from the
+    bucket and re-sends the ack; Redis ends equal to the checkpoint, with no hole in its versions."""
+    from chaos_support import aof_tail_file
+
+    from brigade_learner.learner import Learner, LearnerConfig, serve
+    from brigade_proxy.server import start_server
+
+    redis_dir = tmp_path / "redis"
+    redis_server = start_redis(redis_dir, appendonly=True)
+    run = f"lost-{os.getpid()}-{int(time.time())}"
+    model_dir = tiny_model(tmp_path / "model", heads=4, tied=True, eos_boost=1.0)
+    spec_path = write_spec(tmp_path, run, model_dir, max_steps=4)
+    gate, parked, commit = asyncio.Event(), asyncio.Event(), Learner._commit
+    gate.set()
+
+    async def commit_then_lose_it(self, step):
+        if step != 2:
+            return await commit(self, step)
+        gate.clear()  # no worker write in the lost window: only the learner's
+        await parked.wait()
+        aof = aof_tail_file(redis_dir)
+        size = aof.stat().st_size
+        await commit(self, step)
+        assert aof.stat().st_size > size
+        redis_server.kill()
+        with aof.open("r+b") as f:
+            f.truncate(size)
+        await asyncio.to_thread(redis_server.restart)
+        gate.set()
+
+    monkeypatch.setattr(Learner, "_commit", commit_then_lose_it)
+    server = await start_server(redis_server.url, "127.0.0.1:0", bucket_url=file_bucket_url)
+    addr = f"127.0.0.1:{server.port}"
+    stop = asyncio.Event()
+    driver = asyncio.create_task(drive_workers(addr, file_bucket_url, run, model_dir, stop, gate, parked))
+    r = aioredis.from_url(redis_server.url)
+    k = keys.RunKeys(run)
+    try:
+        await asyncio.wait_for(serve(LearnerConfig(proxy=addr, bucket=file_bucket_url, run=run,
+                                                   spec_path=str(spec_path), pull_wait_ms=200)), 120)
+        async with open_bucket(file_bucket_url) as bucket:
+            _, files = await checkpoint.latest(bucket, run)
+        state = json.loads(files[checkpoint.STATE])
+        assert (state["step"], state["version"]) == (4, 4)
+        assert int(await r.get(k.learner_step)) == 4 and int(await r.get(k.adapter_latest)) == 4
+        assert sorted(int(v) for v in await r.hkeys(k.adapters)) == [1, 2, 3, 4]
+        assert {b.decode() for b in await r.smembers(k.consumed)} == set(state["consumed"])
+        assert sorted(int(f[b"step"]) for _, f in await r.xrange(k.metrics)) == [1, 2, 3, 4]
+        assert (await r.xpending(k.rollouts, keys.LEARNER_GROUP))["pending"] <= 1  # a prefetched one at most
+    finally:
+        stop.set()
+        gate.set()
         driver.cancel()
         await server.stop(0)
         await r.aclose()
