@@ -131,7 +131,7 @@ class Learner:
             await self._ack_once(delivery_ids, [], [], step, metrics_json)
             for fate in [([b], []) for b in consumed] + [([], [b]) for b in rejected]:
                 try:
-                    await self._ack_once([], *fate, 0)
+                    await self._ack_once([], *fate, 0, "")
                 except grpc.aio.AioRpcError as e:
                     if e.code() != grpc.StatusCode.INVALID_ARGUMENT:
                         raise
