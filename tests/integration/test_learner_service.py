@@ -429,3 +429,38 @@ async def test_learner_repairs_redis_that_lost_its_last_writes(tmp_path, file_bu
         await server.stop(0)
         await r.aclose()
         redis_server.stop()
+
+
+async def test_an_ack_naming_a_batch_redis_lost_still_lands(redis_url):
+    """The learner trained a batch whose completion Redis then lost: an ack naming it consumed is
+    refused (never completed). The rest of that ack must still land (deliveries, step, metrics, the
+    other batches' fates); the lost batch gets its fate when its regenerated copy comes back."""
+    from proxy_support import make_prompts, make_spec, new_run_id
+
+    from brigade.store import Store
+    from brigade_learner.learner import Learner, LearnerConfig
+    from brigade_proxy.server import start_server
+
+    store = Store(redis_url)
+    run = new_run_id("lost")
+    await store.runs.create(make_spec(run), make_prompts(10))
+    g = await store.leases.acquire(run, "w")
+    batch = g.lease.batch.batch_id
+    await store.leases.complete(run, g.lease.lease_id, "w", pb.RolloutManifest(
+        run_id=run, batch_id=batch, attempt=g.lease.attempt, worker_id="w", policy_version=0,
+        uri=keys.rollout_key(run, batch, g.lease.attempt), sha256="0" * 64, num_samples=2))
+    (delivery, _), = (await store.learner.pull(run, "learner", 1)).rollouts
+    server = await start_server(redis_url, "127.0.0.1:0")
+    learner = Learner.__new__(Learner)  # only its proxy calls are used here
+    learner.cfg = LearnerConfig(proxy=f"127.0.0.1:{server.port}", bucket="", run=run)
+    learner.run_id, learner.client = run, ProxyClient.connect(learner.cfg.proxy)
+    try:
+        lost = keys.batch_id(run, 0, 9)  # never completed, as far as Redis knows
+        await learner._ack([delivery], [batch, lost], [], 1, '{"step": 1}')
+        state = await store.views.run_state(run)
+        assert (state.learner_step, state.consumed, state.completed) == (1, 1, 0)
+        assert [m.step for m in await store.views.metrics(run)] == [1]
+    finally:
+        await learner.client.close()
+        await server.stop(0)
+        await store.close()
