@@ -36,6 +36,12 @@ from brigade_cli.devservers import MOTO_ENV
 from brigade_cli.system import LocalSystem, Service, run_each
 
 TOKEN = "chaos-token"
+IN_FLIGHT_LEASE_PERIODS = 4  # the audit's bound on how long a batch may have been in flight at the end
+
+
+def stream_ms(entry_id: bytes) -> int:
+    """The time (ms) in a stream entry id."""
+    return int(entry_id.split(b"-")[0])
 
 
 def chaos_spec(run_id: str, max_steps: int, **overrides: Any) -> pb.RunSpec:
@@ -130,6 +136,24 @@ class BucketWatcher(threading.Thread):
         self._halt.set()
         self.join(10)
         self.poll(recheck=True)
+
+
+# ---------------------------------------------------------------- Redis's append-only file
+
+
+def aof_tail_file(redis_dir: Path) -> Path:
+    """The file Redis appends to now: with Redis 7's multi-part AOF, the newest incr file its
+    manifest names under appendonlydir (a rewrite starts a new one)."""
+    folder = redis_dir / "appendonlydir"
+    name = ""
+    for line in (folder / "appendonly.aof.manifest").read_text().splitlines():
+        fields = line.split()
+        entry = dict(zip(fields[::2], fields[1::2], strict=False))
+        if entry.get("type") == "i":
+            name = entry["file"]
+    if not name:
+        raise FileNotFoundError(f"no incr file in {folder}/appendonly.aof.manifest")
+    return folder / name
 
 
 # ---------------------------------------------------------------- processes
@@ -334,14 +358,20 @@ class System(LocalSystem):
             consumed = {b.decode() for b in r.smembers(k.consumed)}
             rejected = {b.decode(): v.decode() for b, v in r.hgetall(k.rejected).items()}
             dead = [(f[b"batch"].decode(), f[b"reason"].decode()) for _, f in r.xrange(k.deadletter)]
-            work = [f[b"batch"].decode() for _, f in r.xrange(k.work) if b"batch" in f]
-            pending_rollouts = [f[b"batch"].decode() for _, f in r.xrange(k.rollouts) if b"batch" in f]
+            work_entries = [(i, f[b"batch"].decode()) for i, f in r.xrange(k.work) if b"batch" in f]
+            rollout_entries = [(i, f[b"batch"].decode()) for i, f in r.xrange(k.rollouts) if b"batch" in f]
             completed = {b.decode() for b in r.smembers(k.completed)}
             stats = {a.decode(): int(b) for a, b in r.hgetall(k.stats).items()}
             latest = int(r.get(k.adapter_latest) or 0)
             learner_step = int(r.get(k.learner_step) or 0)
             published = sorted(int(v) for v in r.hkeys(k.adapters))
-            metrics_rows = [json.loads(f[b"json"]) for _, f in r.xrange(k.metrics) if f.get(b"json")]
+            metrics_entries = [(i, json.loads(f[b"json"])) for i, f in r.xrange(k.metrics) if f.get(b"json")]
+            announced = sorted(int(f[b"version"]) for _, f in r.xrange(k.events)
+                               if f.get(b"type") == b"AdapterPublished")
+            now_ms = int(r.time()[0]) * 1000
+        work = [b for _, b in work_entries]
+        pending_rollouts = [b for _, b in rollout_entries]
+        metrics_rows = [m for _, m in metrics_entries]
         n_prompts = len(self._prompts())
         bpe = -(-n_prompts // self.spec.prompts_per_batch)
         created = [keys.batch_id(self.run, n // bpe, n % bpe) for n in range(cursor)]
@@ -368,6 +398,17 @@ class System(LocalSystem):
             if not reason:
                 problems.append(f"dead letter {b} has no reason")
         in_flight = len(work) + len(pending_rollouts)
+        # in flight at the end is fine (the learner stopped at max_steps), but not for long: an entry
+        # older than a few lease periods when the last step was acked is stranded (a delivery no
+        # reply brought back holds an admission slot for good)
+        end_ms = stream_ms(metrics_entries[-1][0]) if metrics_entries else now_ms
+        limit_ms = IN_FLIGHT_LEASE_PERIODS * self.spec.staleness.lease_seconds * 1000
+        stuck = [(where, b, round((end_ms - stream_ms(i)) / 1000, 1)) for where, entries in
+                 (("queued_or_leased", work_entries), ("completed_not_acked", rollout_entries))
+                 for i, b in entries if end_ms - stream_ms(i) > limit_ms]
+        if stuck:
+            problems.append(f"{len(stuck)} batches in flight for more than {IN_FLIGHT_LEASE_PERIODS} lease periods "
+                            f"when the last step was acked (where, batch, age s): {stuck[:10]}")
 
         # the learner's lineage, from the bucket: one checkpoint per step, each loads, no batch twice
         lineage = asyncio.run(self._lineage())
@@ -383,6 +424,15 @@ class System(LocalSystem):
         steps_metrics = {m["step"]: m for m in metrics_rows}
         if sum(m.get("accepted_batches", 0) for m in steps_metrics.values()) != len(consumed):
             problems.append("per-step metrics in Redis do not add up to the consumed set")
+        # Redis's counters agree with the learner's newest checkpoint (Redis may lose writes; the
+        # learner must have repaired them)
+        final = lineage.pop("final")
+        if final is not None and (final["step"], final["version"], final["consumed"]) != (
+                learner_step, latest, len(consumed)):
+            problems.append(f"Redis (step {learner_step}, version {latest}, {len(consumed)} consumed) disagrees "
+                            f"with the newest checkpoint {final}")
+        if sorted(steps_metrics) != list(range(1, learner_step + 1)):
+            problems.append(f"Redis's metrics stream lacks steps: has {sorted(steps_metrics)}")
 
         # versions: contiguous, published == in the bucket, never overwritten
         max_steps = self.spec.max_steps
@@ -390,6 +440,8 @@ class System(LocalSystem):
         if published != list(range(1, latest + 1)) or bucket_versions != published:
             problems.append(f"adapter versions not contiguous: redis {published}, bucket {bucket_versions}, "
                             f"latest {latest}")
+        if sorted(set(announced)) != published:
+            problems.append(f"AdapterPublished events {sorted(set(announced))} != versions in Redis {published}")
         if learner_step != max_steps or latest != max_steps // max(1, self.spec.publish_every):
             problems.append(f"learner_step {learner_step} / latest version {latest}, expected {max_steps}")
         changed = []
@@ -461,6 +513,7 @@ class System(LocalSystem):
             trainer = await asyncio.to_thread(Trainer.create, self.spec)
             seen: set[str] = set()
             loaded = 0
+            final = None
             for step in range(1, self.spec.max_steps + 1):
                 if step not in steps:
                     problems.append(f"no checkpoint for step {step}")
@@ -479,6 +532,7 @@ class System(LocalSystem):
                     problems.append(f"checkpoint {step}: consumed {len(state.consumed)} != previous {len(seen)} "
                                     f"+ this step's {new}")
                 seen = state.consumed
+                final = {"step": state.step, "version": state.version, "consumed": len(state.consumed)}
             versions = sorted({int(key.split("/")[3][1:]) for key in await bucket.list(f"runs/{self.run}/adapters/")})
             for v in versions:
                 try:
@@ -498,4 +552,4 @@ class System(LocalSystem):
                 else:
                     os.environ[k] = v
         return {"problems": problems, "history": history, "checkpoints_loaded": loaded, "bucket_versions": versions,
-                "rejection_reasons": dict(reasons)}
+                "rejection_reasons": dict(reasons), "final": final}

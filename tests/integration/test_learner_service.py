@@ -19,7 +19,9 @@ import sys
 import time
 from pathlib import Path
 
+import grpc
 import pytest
+import redis
 import redis.asyncio as aioredis
 import torch
 import yaml
@@ -71,8 +73,21 @@ def write_spec(tmp_path: Path, run: str, model_dir: Path, **overrides) -> Path:
     return path
 
 
-async def drive_workers(addr: str, bucket_url: str, run: str, model_dir: Path, stop: asyncio.Event) -> int:
-    """Lease, generate with the leased version, upload, complete; until the run is finished."""
+async def unless_unavailable(call):
+    """A call answered again while the proxy says UNAVAILABLE (Redis restarting under it)."""
+    while True:
+        try:
+            return await call()
+        except grpc.aio.AioRpcError as e:
+            if e.code() != grpc.StatusCode.UNAVAILABLE:
+                raise
+            await asyncio.sleep(0.2)
+
+
+async def drive_workers(addr: str, bucket_url: str, run: str, model_dir: Path, stop: asyncio.Event,
+                        gate: asyncio.Event | None = None, parked: asyncio.Event | None = None) -> int:
+    """Lease, generate with the leased version, upload, complete; until the run is finished. With a
+    `gate`, each lease waits for it to be set (`parked` is set while it waits)."""
     from transformers import AutoTokenizer
 
     completed = 0
@@ -89,8 +104,12 @@ async def drive_workers(addr: str, bucket_url: str, run: str, model_dir: Path, s
         worker = Trainer.create(spec)  # the same v0 as the learner (seeded), used for sampling only
         version = 0
         while not stop.is_set():
-            resp = await client.lease.AcquireLease(pb.AcquireLeaseRequest(
-                run_id=run, worker_id="driver", capacity_class="spot", price_per_hour=0.5, engine="hf"), timeout=10)
+            if gate is not None and not gate.is_set():
+                parked.set()
+                await gate.wait()
+                parked.clear()
+            resp = await unless_unavailable(lambda: client.lease.AcquireLease(pb.AcquireLeaseRequest(
+                run_id=run, worker_id="driver", capacity_class="spot", price_per_hour=0.5, engine="hf"), timeout=10))
             if not resp.granted:
                 if resp.reason == "finished":
                     return completed
@@ -119,8 +138,8 @@ async def drive_workers(addr: str, bucket_url: str, run: str, model_dir: Path, s
                 num_tokens=r.num_tokens, reward_mean=float(r.rewards.mean()), compute_seconds=time.monotonic() - t0,
                 price_per_hour=0.5, capacity_class="spot", adapter_payload="bf16", engine="hf",
                 created_ms=int(time.time() * 1000))
-            await client.lease.CompleteLease(pb.CompleteLeaseRequest(
-                run_id=run, lease_id=lease.lease_id, worker_id="driver", manifest=manifest), timeout=10)
+            done = pb.CompleteLeaseRequest(run_id=run, lease_id=lease.lease_id, worker_id="driver", manifest=manifest)
+            await unless_unavailable(lambda req=done: client.lease.CompleteLease(req, timeout=10))
             completed += 1
     return completed
 
@@ -295,3 +314,153 @@ async def test_publish_and_checkpoint_every_two_steps_in_process(tmp_path, redis
     assert int(await r.get(keys.RunKeys(run).learner_step)) == 6
     assert await r.scard(keys.RunKeys(run).consumed) == 6
     await r.aclose()
+
+
+async def test_redis_restart_between_delivery_and_reply_strands_no_batch(tmp_path, file_bucket_url, monkeypatch):
+    """Redis restarts right after the delivering read of a pull, and the pull's reply is lost with
+    it: the delivered entry sits in the learner's pending list, where no read of new entries finds
+    it. The learner reads its pending entries again after the failed pull and trains it; nothing
+    is left holding an admission slot."""
+    from brigade.store.learner import Learner as StoreLearner
+    from brigade_learner.learner import LearnerConfig, serve
+    from brigade_proxy.server import start_server
+
+    redis_server = start_redis(tmp_path / "redis", appendonly=True)
+    run = f"restart-{os.getpid()}-{int(time.time())}"
+    model_dir = tiny_model(tmp_path / "model", heads=4, tied=True, eos_boost=1.0)
+    spec_path = write_spec(tmp_path, run, model_dir, max_steps=4)
+    deliver, stranded, deliveries = StoreLearner._deliver, [], []
+
+    async def deliver_then_restart(self, k, learner, count, wait_ms):
+        res = await deliver(self, k, learner, count, wait_ms)
+        deliveries.append(bool(res))
+        # the second delivery: the first may come from the start-up pull, which reads pending first anyway
+        if res and deliveries.count(True) == 2:
+            stranded.extend(entry_id.decode() for _, entries in res for entry_id, _ in entries)
+            await asyncio.to_thread(redis_server.restart)  # SIGTERM: the AOF keeps the delivery
+            raise redis.exceptions.ConnectionError("Connection closed by server.")
+        return res
+
+    monkeypatch.setattr(StoreLearner, "_deliver", deliver_then_restart)
+    server = await start_server(redis_server.url, "127.0.0.1:0", bucket_url=file_bucket_url)
+    addr = f"127.0.0.1:{server.port}"
+    stop = asyncio.Event()
+    driver = asyncio.create_task(drive_workers(addr, file_bucket_url, run, model_dir, stop))
+    r = aioredis.from_url(redis_server.url)
+    try:
+        await asyncio.wait_for(serve(LearnerConfig(proxy=addr, bucket=file_bucket_url, run=run,
+                                                   spec_path=str(spec_path), pull_wait_ms=200)), 120)
+        k = keys.RunKeys(run)
+        assert stranded, "the hook never ran"
+        async with open_bucket(file_bucket_url) as bucket:
+            _, files = await checkpoint.latest(bucket, run)
+        trained = json.loads(files[checkpoint.STATE])["consumed"]
+        assert len(trained) == 4 and set(trained) == {b.decode() for b in await r.smembers(k.consumed)}
+        # the stranded delivery was trained and acked: off the stream, out of admission's count
+        for entry_id in stranded:
+            assert await r.xrange(k.rollouts, entry_id, entry_id) == []
+        pending = await r.xpending(k.rollouts, keys.LEARNER_GROUP)
+        assert pending["pending"] <= 1  # at most what the prefetcher pulled ahead of a step never taken
+        assert int(await r.get(k.learner_step)) == 4 and int(await r.get(k.adapter_latest)) == 4
+    finally:
+        stop.set()
+        driver.cancel()
+        await server.stop(0)
+        await r.aclose()
+        redis_server.stop()
+
+
+async def test_learner_repairs_redis_that_lost_its_last_writes(tmp_path, file_bucket_url, monkeypatch):
+    """Redis is SIGKILLed right after the learner's step-2 commit and comes back from an append-only
+    file cut back to before it (a host crash under appendfsync everysec): v2's publish and the
+    step-2 ack are gone. The running learner notices at its next commit, re-publishes v2 from the
+    bucket and re-sends the ack; Redis ends equal to the checkpoint, with no hole in its versions."""
+    from chaos_support import aof_tail_file
+
+    from brigade_learner.learner import Learner, LearnerConfig, serve
+    from brigade_proxy.server import start_server
+
+    redis_dir = tmp_path / "redis"
+    redis_server = start_redis(redis_dir, appendonly=True)
+    run = f"lost-{os.getpid()}-{int(time.time())}"
+    model_dir = tiny_model(tmp_path / "model", heads=4, tied=True, eos_boost=1.0)
+    spec_path = write_spec(tmp_path, run, model_dir, max_steps=4)
+    gate, parked, commit = asyncio.Event(), asyncio.Event(), Learner._commit
+    gate.set()
+
+    async def commit_then_lose_it(self, step):
+        if step != 2:
+            return await commit(self, step)
+        gate.clear()  # no worker write in the lost window: only the learner's
+        await parked.wait()
+        aof = aof_tail_file(redis_dir)
+        size = aof.stat().st_size
+        await commit(self, step)
+        assert aof.stat().st_size > size
+        redis_server.kill()
+        with aof.open("r+b") as f:
+            f.truncate(size)
+        await asyncio.to_thread(redis_server.restart)
+        gate.set()
+
+    monkeypatch.setattr(Learner, "_commit", commit_then_lose_it)
+    server = await start_server(redis_server.url, "127.0.0.1:0", bucket_url=file_bucket_url)
+    addr = f"127.0.0.1:{server.port}"
+    stop = asyncio.Event()
+    driver = asyncio.create_task(drive_workers(addr, file_bucket_url, run, model_dir, stop, gate, parked))
+    r = aioredis.from_url(redis_server.url)
+    k = keys.RunKeys(run)
+    try:
+        await asyncio.wait_for(serve(LearnerConfig(proxy=addr, bucket=file_bucket_url, run=run,
+                                                   spec_path=str(spec_path), pull_wait_ms=200)), 120)
+        async with open_bucket(file_bucket_url) as bucket:
+            _, files = await checkpoint.latest(bucket, run)
+        state = json.loads(files[checkpoint.STATE])
+        assert (state["step"], state["version"]) == (4, 4)
+        assert int(await r.get(k.learner_step)) == 4 and int(await r.get(k.adapter_latest)) == 4
+        assert sorted(int(v) for v in await r.hkeys(k.adapters)) == [1, 2, 3, 4]
+        assert {b.decode() for b in await r.smembers(k.consumed)} == set(state["consumed"])
+        assert sorted(int(f[b"step"]) for _, f in await r.xrange(k.metrics)) == [1, 2, 3, 4]
+        assert (await r.xpending(k.rollouts, keys.LEARNER_GROUP))["pending"] <= 1  # a prefetched one at most
+    finally:
+        stop.set()
+        gate.set()
+        driver.cancel()
+        await server.stop(0)
+        await r.aclose()
+        redis_server.stop()
+
+
+async def test_an_ack_naming_a_batch_redis_lost_still_lands(redis_url):
+    """The learner trained a batch whose completion Redis then lost: an ack naming it consumed is
+    refused (never completed). The rest of that ack must still land (deliveries, step, metrics, the
+    other batches' fates); the lost batch gets its fate when its regenerated copy comes back."""
+    from proxy_support import make_prompts, make_spec, new_run_id
+
+    from brigade.store import Store
+    from brigade_learner.learner import Learner, LearnerConfig
+    from brigade_proxy.server import start_server
+
+    store = Store(redis_url)
+    run = new_run_id("lost")
+    await store.runs.create(make_spec(run), make_prompts(10))
+    g = await store.leases.acquire(run, "w")
+    batch = g.lease.batch.batch_id
+    await store.leases.complete(run, g.lease.lease_id, "w", pb.RolloutManifest(
+        run_id=run, batch_id=batch, attempt=g.lease.attempt, worker_id="w", policy_version=0,
+        uri=keys.rollout_key(run, batch, g.lease.attempt), sha256="0" * 64, num_samples=2))
+    (delivery, _), = (await store.learner.pull(run, "learner", 1)).rollouts
+    server = await start_server(redis_url, "127.0.0.1:0")
+    learner = Learner.__new__(Learner)  # only its proxy calls are used here
+    learner.cfg = LearnerConfig(proxy=f"127.0.0.1:{server.port}", bucket="", run=run)
+    learner.run_id, learner.client = run, ProxyClient.connect(learner.cfg.proxy)
+    try:
+        lost = keys.batch_id(run, 0, 9)  # never completed, as far as Redis knows
+        await learner._ack([delivery], [batch, lost], [], 1, '{"step": 1}')
+        state = await store.views.run_state(run)
+        assert (state.learner_step, state.consumed, state.completed) == (1, 1, 0)
+        assert [m.step for m in await store.views.metrics(run)] == [1]
+    finally:
+        await learner.client.close()
+        await server.stop(0)
+        await store.close()

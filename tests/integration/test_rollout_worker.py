@@ -21,7 +21,7 @@ from brigade.bucket import ObjectNotFound, open_bucket, sha256_hex
 from brigade.engine.hf import HFEngine
 from brigade.model import attach_lora, completion_logprobs, load_base
 from brigade.retry import Backoff
-from brigade.rollout_format import from_bytes
+from brigade.rollout_format import Rollout, from_bytes
 from brigade.rpc import ProxyClient
 from brigade.store import Store
 from brigade.v1 import brigade_pb2 as pb
@@ -418,3 +418,70 @@ async def test_complete_is_retried_until_the_proxy_answers(env):
         assert w.client.lease.calls == 1
     finally:
         wmod.BACKOFF = orig
+
+
+def other_rollout(run: str, batch: str, attempt: int, version: int) -> Rollout:
+    """A valid rollout object with the given metadata and arbitrary (not this engine's) contents."""
+    n, c = 8, 3
+    return Rollout(run_id=run, batch_id=batch, attempt=attempt, policy_version=version,
+                   prompt_ids=torch.ones((n, 2), dtype=torch.int64), prompt_mask=torch.ones((n, 2), dtype=torch.int8),
+                   completion_ids=torch.full((n, c), 2, dtype=torch.int64),
+                   completion_mask=torch.ones((n, c), dtype=torch.int8), logprobs=torch.full((n, c), -0.5),
+                   rewards=torch.arange(n, dtype=torch.float32), reward_parts=torch.arange(n, dtype=torch.float32)[:, None],
+                   group=torch.arange(n, dtype=torch.int32) // 4, reward_names=["demo_sum"])
+
+
+async def test_a_taken_rollout_key_costs_no_failure(env):
+    """Redis lost writes and grants an attempt a second time, or the engine is not bit-reproducible:
+    the attempt's key already holds other bytes. This lease's own rollout there is adopted (its
+    digest goes into the manifest); anything else hands the lease back uncounted, and the next
+    attempt writes a key of its own. No object is written twice, no failure is counted."""
+    await env.start_proxy()
+    run = "keytaken"
+    await env.create_run(run, 4, rewards=[{"function": "demo_sum"}])
+    ours = other_rollout(run, keys.batch_id(run, 0, 0), 1, 0).to_bytes()
+    await env.bucket.put_new(keys.rollout_key(run, keys.batch_id(run, 0, 0), 1), ours)
+    foreign = other_rollout(run, keys.batch_id(run, 0, 1), 1, 7).to_bytes()  # another version's
+    await env.bucket.put_new(keys.rollout_key(run, keys.batch_id(run, 0, 1), 1), foreign)
+    worker = env.worker(run, exit_when_finished=True)
+    assert await asyncio.wait_for(worker.run(), 60) == 0
+    assert (worker.stats["completed"], worker.stats["key_taken"], worker.stats["failed"]) == (2, 1, 0)
+    by_batch = {p.manifest.batch_id: p.manifest for p in await env.pull(run, 2)}
+    adopted, retried = by_batch[keys.batch_id(run, 0, 0)], by_batch[keys.batch_id(run, 0, 1)]
+    assert (adopted.attempt, adopted.sha256, adopted.num_samples) == (1, sha256_hex(ours), 8)
+    assert retried.attempt == 2 and retried.uri == keys.rollout_key(run, retried.batch_id, 2)
+    assert await env.bucket.get(keys.rollout_key(run, retried.batch_id, 1)) == foreign  # untouched
+    state = await env.client.runs.GetRun(pb.RunRef(run_id=run))
+    assert state.deadlettered == 0 and state.completed == 2
+
+
+async def test_heartbeat_stops_when_a_batch_fails(env, monkeypatch):
+    """A failed batch is handed back, then the worker waits before its next lease: no heartbeat of
+    the handed-back lease in that wait (it could only answer LOST and log a misleading "lease lost")."""
+    from brigade_rollout import worker as wmod
+
+    class Lease:
+        def __init__(self):
+            self.failed, self.heartbeats_after_fail = False, 0
+
+        async def Heartbeat(self, req, timeout=None):
+            self.heartbeats_after_fail += self.failed
+            return pb.HeartbeatResponse(status=pb.HeartbeatResponse.LOST if self.failed else pb.HeartbeatResponse.OK)
+
+        async def FailLease(self, req, timeout=None):
+            self.failed = True
+            return pb.FailLeaseResponse(requeued=True, next_attempt=2)
+
+    async def unusable(version):
+        await asyncio.sleep(0.5)  # a heartbeat while the lease is alive
+        raise wmod.BatchError(f"adapter v{version} is unusable")
+
+    w = env.worker("unused")
+    w.client = type("C", (), {})()
+    w.client.lease = Lease()
+    monkeypatch.setattr(w, "_adapter", unusable)
+    monkeypatch.setattr(wmod, "BACKOFF", type("Fixed", (), {"delay": lambda self, n: 1.0})())
+    lease = pb.Lease(run_id="unused", lease_id="1-0", lease_seconds=1, batch=pb.PromptBatch(batch_id="unused:0:0"))
+    assert await w._process(lease) is False
+    assert w.client.lease.failed and w.stats["failed"] == 1
+    assert w.client.lease.heartbeats_after_fail == 0  # 3 before the fix: one per 1/3 s of the 1 s wait

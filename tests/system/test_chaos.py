@@ -19,6 +19,13 @@ killed is restarted. At the end:
 - every checkpoint and every adapter version loads into a fresh trainer.
 
 It prints the counts as one JSON line. `make chaos` (BRIGADE_CHAOS_LONG=1) runs longer with more kills.
+
+`test_chaos_redis_crash_loses_its_last_second`: Redis itself is SIGKILLed twice and comes back from
+an append-only file cut back to its size a second before the kill (what a host crash under
+appendfsync everysec may lose: grants, completions, the learner's publishes and acks). The same
+audit must come out clean, which also fails on a batch left in flight for several lease periods,
+on a version announced or stored in one place and not the other, and on Redis counters that
+disagree with the learner's newest checkpoint.
 """
 
 from __future__ import annotations
@@ -29,10 +36,11 @@ import random
 import threading
 import time
 import uuid
+from collections import Counter
 
 import botocore.exceptions
 import pytest
-from chaos_support import System, chaos_spec, s3_client
+from chaos_support import System, aof_tail_file, chaos_spec, s3_client
 
 from brigade import keys
 
@@ -50,6 +58,9 @@ FREEZE_STEPS = (15, 30, 60, 90) if LONG else (16,)    # a busy worker is SIGSTOP
 WORKER_SPEED = 200.0        # each token costs 200x its real time (asleep, no CPU): the fleet, not the learner, sets the pace
 SLOW_WORKER_SPEED = 800.0   # worker 2 is a slower machine: its batches tend to be revoked or go stale
 TIMEOUT_S = 1200 if LONG else 300
+CRASH_MAX_STEPS = 10          # the Redis-crash case: short, it runs in `make test`
+REDIS_CRASH_STEPS = (3, 6)    # Redis SIGKILLed once the learner step reaches these, its AOF cut back by 1 s
+LOST_WINDOW_S = 1.0           # appendfsync everysec: a host crash may lose about the last second of writes
 
 pytestmark = pytest.mark.timeout(TIMEOUT_S + 120)
 
@@ -259,3 +270,82 @@ def test_chaos(tmp_path, one_torch_thread, capsys):
     assert any(k["phase"] != "after_ack" for k in chaos.assassin.kills), chaos.assassin.kills
     # killed and frozen workers' leases came back (through expiry, or revocation when too stale by then)
     assert report["expired_leases"] + report["revoked_leases"] >= 1
+
+
+class AofSizes(threading.Thread):
+    """Records the size of the file Redis appends to, every 0.1 s: a crash then cuts the file back to
+    its size LOST_WINDOW_S before the kill, as a host crash under appendfsync everysec may."""
+
+    def __init__(self, redis_dir):
+        super().__init__(name="aof-sizes", daemon=True)
+        self.redis_dir = redis_dir
+        self.samples: list[tuple[float, str, int]] = []
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        while not self.halt.is_set():
+            try:
+                tail = aof_tail_file(self.redis_dir)
+                self.samples.append((time.monotonic(), str(tail), tail.stat().st_size))
+            except OSError:  # Redis restarting, or rewriting its AOF
+                pass
+            self.halt.wait(0.1)
+
+    def size_at(self, tail, t: float) -> int | None:
+        """The newest size of `tail` recorded at or before `t` (None: none that old)."""
+        older = [size for when, path, size in self.samples if path == str(tail) and when <= t]
+        return older[-1] if older else None
+
+
+def crash_redis(system: System, sizes: AofSizes) -> dict:
+    """SIGKILL Redis, cut its AOF back by the last second, start it again."""
+    killed_at = time.monotonic()
+    system.redis.kill()
+    tail = aof_tail_file(system.redis.workdir)
+    end = tail.stat().st_size
+    keep = sizes.size_at(tail, killed_at - LOST_WINDOW_S)
+    keep = end if keep is None else keep
+    with tail.open("r+b") as f:
+        f.truncate(keep)
+    system.redis.restart()
+    system.note("crash", "redis", lost_bytes=end - keep)
+    return {"step": system.learner_step(), "lost_bytes": end - keep}
+
+
+def test_chaos_redis_crash_loses_its_last_second(tmp_path, one_torch_thread, capsys):
+    t0 = time.monotonic()
+    run = f"crash-{uuid.uuid4().hex[:8]}"
+    spec = chaos_spec(run, CRASH_MAX_STEPS, staleness={"lease_seconds": 5})
+    speeds = {i: ["--speed-factor", str(WORKER_SPEED)] for i in range(2)}
+    crashes, pending = [], list(REDIS_CRASH_STEPS)
+    with System(tmp_path, spec, workers=2, worker_args=speeds) as system:
+        system.start()
+        sizes = AofSizes(system.redis.workdir)
+        sizes.start()
+        deadline = time.monotonic() + TIMEOUT_S
+        try:
+            while system.services["learner"].alive():
+                assert time.monotonic() < deadline, f"the run did not finish in {TIMEOUT_S}s: {system.describe()}"
+                system.check_no_crash()
+                if pending and system.learner_step() >= pending[0]:
+                    pending.pop(0)
+                    crashes.append(crash_redis(system, sizes))
+                time.sleep(0.05)
+        finally:
+            sizes.halt.set()
+        system.finish(timeout=120)
+        report = system.audit()
+        # what the learner had to do about it (shown, not asserted: a lost second need not hold a commit)
+        repairs = Counter(e["event"] for e in system.log_events("learner", new_only=False) if e.get("event") in (
+            "redis_behind_checkpoint", "ack_refused", "batch_fate_refused", "rollout_duplicate", "proxy_unreachable"))
+    problems = report.pop("problems")
+    report.pop("rejection_reasons")
+    report.update(mode="redis-crash", redis_crashes=crashes, learner=dict(repairs),
+                  wall_s=round(time.monotonic() - t0, 1))
+    with capsys.disabled():
+        print("\nCHAOS " + json.dumps(report), flush=True)
+    assert not problems, "\n".join(problems)
+    assert not pending, "the run ended before every Redis crash happened"
+    assert all(c["lost_bytes"] > 0 for c in crashes), crashes  # each crash lost writes
+    assert report["steps"] == CRASH_MAX_STEPS and report["checkpoints_loaded"] == CRASH_MAX_STEPS
+    assert report["duplicates"] == 0 and report["vanished"] == 0 and report["overwritten"] == 0

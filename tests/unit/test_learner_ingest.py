@@ -139,24 +139,32 @@ async def test_nonfinite_samples_are_dropped_and_an_all_nan_batch_is_rejected(bu
 
 
 class FakeProxyQueue:
-    """Stands in for PullRollouts/AckRollouts: a list of deliveries and a record of acks."""
+    """Stands in for PullRollouts/AckRollouts: a list of deliveries, this learner's pending list
+    (delivered, not acked) and a record of acks. `lose_reply` makes the next pull of new entries
+    that delivers something lose its reply: the entries become pending, the retry answers empty."""
 
     def __init__(self, pending: list[pb.PulledRollout], fresh: list[pb.PulledRollout]):
-        self.pending, self.fresh = pending, fresh
-        self.acks: list[tuple[list[str], list[str]]] = []
+        self.pending, self.fresh = list(pending), fresh
+        self.acks: list[tuple[list[str], list[str], list[str]]] = []
         self.calls: list[tuple[int, bool]] = []
+        self.lose_reply = False
 
-    async def pull(self, n: int, include_pending: bool) -> list[pb.PulledRollout]:
+    async def pull(self, n: int, include_pending: bool) -> tuple[list[pb.PulledRollout], bool]:
         self.calls.append((n, include_pending))
         if include_pending and self.pending:
-            return self.pending[:n]
+            return self.pending[:n], False
         out, self.fresh = self.fresh[:n], self.fresh[n:]
+        self.pending += out
+        if out and self.lose_reply and not include_pending:
+            self.lose_reply = False
+            return [], True
         if not out:
             await asyncio.sleep(0.01)
-        return out
+        return out, False
 
-    async def ack(self, delivery_ids: list[str], rejected: list[str]) -> None:
-        self.acks.append((delivery_ids, rejected))
+    async def ack(self, delivery_ids: list[str], consumed: list[str], rejected: list[str]) -> None:
+        self.acks.append((delivery_ids, consumed, rejected))
+        self.pending = [p for p in self.pending if p.delivery_id not in delivery_ids]
 
 
 async def test_prefetcher_replays_pending_skips_consumed_and_judges_staleness_at_take(bucket):
@@ -187,6 +195,38 @@ async def test_prefetcher_replays_pending_skips_consumed_and_judges_staleness_at
     assert rejected_total == {ingest.STALE: 1, ingest.INVALID: 1}
     # the pending read is repeated until a reply comes back short (2 of 2, then 3 of 4), never again
     assert queue.calls[:2] == [(2, True), (4, True)] and not any(p for _, p in queue.calls[2:])
-    acked = {d for ds, _ in queue.acks for d in ds}
-    assert {"1-0", "3-0", "10-0"} <= acked
-    assert [f"{RUN}:0:2"] in [r for _, r in queue.acks]
+    acked = {d for ds, _, _ in queue.acks for d in ds}
+    assert {"1-0", "10-0"} <= acked  # the duplicate and the invalid one; 3-0 is the stale one
+    assert (["3-0"], [], [f"{RUN}:0:2"]) in queue.acks
+    # the duplicate's ack names its batch consumed: Redis records its fate even if it lost the first
+    assert (["1-0"], [items[0].manifest.batch_id], []) in queue.acks
+
+
+async def test_prefetcher_reads_pending_again_after_a_failed_pull(bucket):
+    """A pull whose delivering read happened but whose reply was lost: the entries are pending for
+    this learner and no later new-entry read returns them. The prefetcher reads its pending list
+    again and trains them; what it already holds (ready, or taken and awaiting the commit's ack) is
+    not taken twice."""
+    items = []
+    for i in range(6):
+        batch = f"{RUN}:0:{i}"
+        items.append(await upload(bucket, make_rollout(batch, version=0).to_bytes(), batch=batch, version=0,
+                                  delivery=f"{i + 1}-0"))
+    queue = FakeProxyQueue(pending=[], fresh=list(items))
+    queue.lose_reply = True  # the first pull after the start-up one (which reads pending first)
+    consumed: set[str] = set()
+    pf = Prefetcher(queue.pull, queue.ack, bucket, RUN, VOCAB, want=2, consumed=consumed, max_staleness=2)
+    pf.start()
+    try:
+        first = await asyncio.wait_for(pf.take(version=0), 10)
+        assert [a.batch_id for a in first.accepted] == [f"{RUN}:0:0", f"{RUN}:0:1"]
+        consumed.update(a.batch_id for a in first.accepted)  # trained; their ack waits for the commit
+        second = await asyncio.wait_for(pf.take(version=0), 10)
+        third = await asyncio.wait_for(pf.take(version=0), 10)
+    finally:
+        await pf.stop()
+    taken = [a.batch_id for data in (first, second, third) for a in data.accepted]
+    assert sorted(taken) == sorted(set(taken))  # none twice (the re-read held 0:0 and 0:1 again)
+    assert len(taken) == 6  # the lost reply's entries (0:2 and 0:3) were trained
+    assert second.duplicates == third.duplicates == 0 and not queue.acks  # nothing acked early
+    assert any(pending for _, pending in queue.calls[2:])

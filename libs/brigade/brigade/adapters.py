@@ -142,8 +142,8 @@ async def _put_once(bucket: Bucket, key: str, data: bytes) -> str:
         return digest
 
 
-async def read_version(bucket: Bucket, run: str, version: int) -> tuple[pb.AdapterManifest, dict[str, bytes]]:
-    """The manifest and every file of a version, each checked against its sha256."""
+async def read_manifest(bucket: Bucket, run: str, version: int) -> pb.AdapterManifest:
+    """A version's manifest as written (the bytes PublishAdapter was sent)."""
     prefix = keys.adapter_prefix(run, version)
     try:
         manifest = pb.AdapterManifest.FromString(await bucket.get(prefix + MANIFEST))
@@ -151,6 +151,13 @@ async def read_version(bucket: Bucket, run: str, version: int) -> tuple[pb.Adapt
         raise InvalidAdapter(f"manifest at {prefix} does not parse: {e}") from None
     if manifest.version != version or manifest.run_id != run:
         raise InvalidAdapter(f"manifest at {prefix} says run {manifest.run_id!r} version {manifest.version}")
+    return manifest
+
+
+async def read_version(bucket: Bucket, run: str, version: int) -> tuple[pb.AdapterManifest, dict[str, bytes]]:
+    """The manifest and every file of a version, each checked against its sha256."""
+    prefix = keys.adapter_prefix(run, version)
+    manifest = await read_manifest(bucket, run, version)
     files = {}
     for f in manifest.files:
         if "/" in f.name or f.name.startswith("."):

@@ -141,10 +141,11 @@ async def fetch(bucket: Bucket, pulled: pb.PulledRollout, run: str, vocab_size: 
 
 # ---------------------------------------------------------------- prefetch
 
-# pull(max_manifests, include_pending) -> deliveries
-PullFn = Callable[[int, bool], Awaitable[list[pb.PulledRollout]]]
-# ack(delivery_ids, rejected_batch_ids): acknowledge deliveries that will never be trained on
-AckFn = Callable[[list[str], list[str]], Awaitable[None]]
+# pull(max_manifests, include_pending) -> (deliveries, failed): failed when an attempt failed before
+# the one that answered (its delivering read may have handed over entries no reply brought back)
+PullFn = Callable[[int, bool], Awaitable[tuple[list[pb.PulledRollout], bool]]]
+# ack(delivery_ids, consumed_batch_ids, rejected_batch_ids): deliveries that will never be trained on
+AckFn = Callable[[list[str], list[str], list[str]], Awaitable[None]]
 
 
 @dataclass
@@ -169,6 +170,11 @@ class Prefetcher:
     duplicates are acknowledged at once (they are terminal, and an unacked one would count as
     outstanding work at the proxy's admission). `take` hands a step its batches, judging staleness
     against the version the step trains at.
+
+    After a failed pull (or `repull()`: Redis lost writes) it reads this learner's pending entries
+    again: a delivery whose reply was lost is only reachable that way. Deliveries it already holds
+    (fetching, ready, or trained and waiting for their commit's ack: `settled` ends that) are
+    dropped from such a re-read; any other pending one is new to it.
     """
 
     def __init__(self, pull: PullFn, ack: AckFn, bucket: Bucket, run: str, vocab_size: int, want: int,
@@ -184,6 +190,24 @@ class Prefetcher:
         self._duplicates = 0
         self._task: asyncio.Task | None = None
         self._error: BaseException | None = None
+        self._held: set[str] = set()      # delivery ids pulled and not yet acked
+        self._repull = False
+
+    def repull(self) -> None:
+        """Read the pending entries again before the next new ones (Redis may have lost acks)."""
+        self._repull = True
+
+    def settled(self, delivery_ids: list[str]) -> None:
+        """These deliveries were acked by the learner's commit."""
+        self._held.difference_update(delivery_ids)
+
+    def _unheld(self, pulled: list[pb.PulledRollout]) -> list[pb.PulledRollout]:
+        fresh = []
+        for p in pulled:
+            if p.delivery_id not in self._held:
+                self._held.add(p.delivery_id)
+                fresh.append(p)
+        return fresh
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._pump(), name="learner-prefetch")
@@ -205,6 +229,7 @@ class Prefetcher:
         try:
             pulled = await self._pull_pending()
             while True:
+                pulled = self._unheld(pulled)
                 if pulled:
                     self._ahead += len(pulled)
                     for item in await asyncio.gather(*(self._fetch_one(p) for p in pulled)):
@@ -215,7 +240,10 @@ class Prefetcher:
                 async with self._room:
                     await self._room.wait_for(lambda: self._ahead < self.want)
                     free = self.want - self._ahead
-                pulled = await self._pull(free, False)
+                pulled, failed = await self._pull(free, False)
+                if failed or self._repull:
+                    self._repull = False
+                    pulled += await self._pull_pending()
         except asyncio.CancelledError:
             raise
         except BaseException as e:  # surfaced to the step loop by take()
@@ -224,12 +252,12 @@ class Prefetcher:
             raise
 
     async def _pull_pending(self) -> list[pb.PulledRollout]:
-        """First pull after a start: everything this learner pulled but never acked. A pending read
-        always starts from the oldest pending entry, so ask for more until a reply comes back short
-        (then it held all of them; with nothing pending it holds at most `want` new ones)."""
+        """Everything this learner pulled but never acked (at a start, and after a failed pull). A
+        pending read always starts from the oldest pending entry, so ask for more until a reply comes
+        back short (then it held all of them; with nothing pending it holds at most `want` new ones)."""
         n, seen = self.want, {}
         while True:
-            pulled = await self._pull(n, True)
+            pulled, _failed = await self._pull(n, True)  # a failed try was retried as this same read
             for p in pulled:
                 seen.setdefault(p.delivery_id, p)
             if len(pulled) < n or n >= MAX_PENDING_PULL:
@@ -260,12 +288,16 @@ class Prefetcher:
         self._rejected[e.reason] += 1
         # the proxy only accepts batch ids of this run; a foreign one is just acked off the stream
         ours = e.reason != FOREIGN_URI or m.batch_id.startswith(self.run + ":")
-        await self._ack([p.delivery_id], [m.batch_id] if ours and m.run_id == self.run else [])
+        await self._ack([p.delivery_id], [], [m.batch_id] if ours and m.run_id == self.run else [])
+        self._held.discard(p.delivery_id)
 
     async def _skip_duplicate(self, p: pb.PulledRollout) -> None:
+        """A batch already trained on (a regenerated copy, or a delivery whose ack Redis lost): acked
+        as consumed, so Redis records its fate even when it lost the first ack."""
         log.info("rollout_duplicate", batch=p.manifest.batch_id, attempt=p.manifest.attempt)
         self._duplicates += 1
-        await self._ack([p.delivery_id], [])
+        await self._ack([p.delivery_id], [p.manifest.batch_id], [])
+        self._held.discard(p.delivery_id)
 
     async def take(self, version: int) -> StepData:
         """Wait for `want` rollouts the learner at `version` may train on."""

@@ -9,6 +9,11 @@ Until the ack, the proxy still holds the step's manifests as pending for this le
 checkpoint (written first) lists their batch ids as consumed. A restart resumes from the newest
 complete checkpoint, replays its idempotent tail (the same adapter bytes, the same publish, the same
 ack), then pulls again with include_pending and skips whatever the checkpoint already consumed.
+
+Redis can also come back from a crash without its last second of writes (appendfsync everysec):
+before each commit's publish the learner compares Redis with what its last commit told it, and
+re-sends what Redis lost (the versions from the bucket's manifests, the acks) with the same
+idempotent calls as that replay, so Redis converges to the checkpoint without a restart.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import grpc
 import structlog
 
 from brigade import adapters, keys
-from brigade.bucket import Bucket, BucketError, ObjectExists, check_create_only, open_bucket
+from brigade.bucket import Bucket, BucketError, ObjectExists, ObjectNotFound, check_create_only, open_bucket
 from brigade.retry import Backoff, retry
 from brigade.rpc import ProxyClient, describe_rpc_error
 from brigade.spec_file import build_spec, spec_to_dict
@@ -40,13 +45,23 @@ from brigade_learner.trainer import Trainer
 log = structlog.get_logger()
 T = TypeVar("T")
 
+
+def metrics_for_proxy(metrics: dict | None) -> str:
+    """A step's metrics as AckRollouts carries them: "" beyond the proxy's bound (the bucket keeps
+    every step's full metrics either way)."""
+    text = json.dumps(metrics) if metrics else ""
+    return text if len(text.encode()) <= MAX_METRICS_JSON else ""
+
+
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 PROXY_BACKOFF = Backoff(base_s=0.2, cap_s=5.0)
 
 
-async def retry_unavailable(what: str, fn: Callable[[], Awaitable[T]], target: str) -> T:
+async def retry_unavailable(what: str, fn: Callable[[], Awaitable[T]], target: str,
+                            on_failure: Callable[[], None] = lambda: None) -> T:
     """A proxy restart or a network blip must not kill the learner: wait and call again, forever."""
     def log_retry(attempt: int, delay: float, e: BaseException) -> None:
+        on_failure()
         log.warning("proxy_unreachable", call=what, error=describe_rpc_error(e, target), retry_s=round(delay, 2))
 
     return await retry(fn, retryable=lambda e: isinstance(e, grpc.aio.AioRpcError) and e.code() in RETRYABLE,
@@ -68,6 +83,16 @@ class LearnerConfig:
     keep_checkpoints: int = 3      # the newest complete checkpoints kept in the bucket; 0 = all
 
 
+@dataclass
+class Told:
+    """What the newest commit told Redis (or, resumed from its checkpoint, was to tell it)."""
+
+    step: int
+    version: int
+    ack: PendingAck
+    metrics_json: str
+
+
 class Learner:
     def __init__(self, cfg: LearnerConfig, spec: pb.RunSpec, bucket: Bucket, client: ProxyClient, trainer: Trainer):
         self.cfg, self.spec, self.bucket, self.client, self.trainer = cfg, spec, bucket, client, trainer
@@ -79,6 +104,7 @@ class Learner:
         self._published_files: tuple[dict[str, bytes], float] | None = None
         self._proximal: dict[int, dict] = {}  # decoded adapter versions, for recompute_logprobs
         self._pruning: asyncio.Task | None = None   # checkpoint retention, beside the next step
+        self._told: Told | None = None
         self.crash = CrashPoints.from_env()
         self.prefetch = Prefetcher(self._pull, self._ack_now, bucket, self.run_id, trainer.vocab_size,
                                    want=spec.batches_per_step, consumed=self.state.consumed,
@@ -86,18 +112,42 @@ class Learner:
 
     # ------------------------------------------------------------ proxy calls (retried while unreachable)
 
-    async def _call(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
-        return await retry_unavailable(what, fn, self.cfg.proxy)
+    async def _call(self, what: str, fn: Callable[[], Awaitable[T]], on_failure: Callable[[], None] = lambda: None
+                    ) -> T:
+        return await retry_unavailable(what, fn, self.cfg.proxy, on_failure)
 
-    async def _pull(self, n: int, include_pending: bool) -> list[pb.PulledRollout]:
+    async def _pull(self, n: int, include_pending: bool) -> tuple[list[pb.PulledRollout], bool]:
+        """The rollouts, and whether a try failed first (the prefetcher then reads its pending ones)."""
         req = pb.PullRolloutsRequest(run_id=self.run_id, max_manifests=n, wait_ms=self.cfg.pull_wait_ms,
                                      include_pending=include_pending, learner_id=self.cfg.learner_id)
         timeout = self.cfg.pull_wait_ms / 1000 + 30
-        resp = await self._call("PullRollouts", lambda: self.client.learner.PullRollouts(req, timeout=timeout))
-        return list(resp.rollouts)
+        failed = []
+        resp = await self._call("PullRollouts", lambda: self.client.learner.PullRollouts(req, timeout=timeout),
+                                on_failure=lambda: failed.append(True))
+        return list(resp.rollouts), bool(failed)
 
     async def _ack(self, delivery_ids: list[str], consumed: list[str], rejected: list[str], step: int,
                    metrics_json: str = "") -> None:
+        try:
+            await self._ack_once(delivery_ids, consumed, rejected, step, metrics_json)
+        except grpc.aio.AioRpcError as e:
+            if e.code() != grpc.StatusCode.INVALID_ARGUMENT or not (consumed or rejected):
+                raise
+            # a batch id Redis does not know as completed: a forged manifest's, or one whose completion
+            # Redis lost in a crash (its regenerated copy is acked as consumed when it comes back as a
+            # duplicate). The rest of the ack must still land: without the batches, then each alone.
+            log.warning("ack_refused", batch_ids=[*consumed, *rejected][:20], error=e.details())
+            await self._ack_once(delivery_ids, [], [], step, metrics_json)
+            for fate in [([b], []) for b in consumed] + [([], [b]) for b in rejected]:
+                try:
+                    await self._ack_once([], *fate, 0, "")
+                except grpc.aio.AioRpcError as e:
+                    if e.code() != grpc.StatusCode.INVALID_ARGUMENT:
+                        raise
+                    log.warning("batch_fate_refused", consumed=fate[0], rejected=fate[1], error=e.details())
+
+    async def _ack_once(self, delivery_ids: list[str], consumed: list[str], rejected: list[str], step: int,
+                        metrics_json: str) -> None:
         req = pb.AckRolloutsRequest(run_id=self.run_id, delivery_ids=delivery_ids, consumed_batch_ids=consumed,
                                     rejected_batch_ids=rejected, step=step, learner_id=self.cfg.learner_id,
                                     metrics_json=metrics_json)
@@ -106,40 +156,36 @@ class Learner:
     async def _ack_pending(self, step: int) -> None:
         """Ack what the steps up to `step` trained on, with the last step's metrics for the proxy."""
         s = self.state
-        last = json.dumps(s.metrics[-1]) if s.metrics else ""
-        if len(last.encode()) > MAX_METRICS_JSON:  # the proxy's bound; the bucket keeps the full metrics
-            last = ""
-        await self._ack(s.ack.delivery_ids, s.ack.consumed, s.ack.rejected, step, last)
+        told = Told(step, s.version, s.ack, metrics_for_proxy(s.metrics[-1] if s.metrics else None))
+        await self._send_ack(told)
+        self.prefetch.settled(s.ack.delivery_ids)
         s.ack, s.metrics = PendingAck(), []
 
-    async def _ack_now(self, delivery_ids: list[str], rejected: list[str]) -> None:
+    async def _send_ack(self, told: Told) -> None:
+        a = told.ack
+        await self._ack(a.delivery_ids, a.consumed, a.rejected, told.step, told.metrics_json)
+        self._told = told
+
+    async def _ack_now(self, delivery_ids: list[str], consumed: list[str], rejected: list[str]) -> None:
         """Rejections and duplicates are final: ack them at once (not with the next step), or they
         would count as outstanding work at the proxy and could hold admission shut."""
         # step 0: these acks complete no step; only a step's own ack may move the proxy's step (and
         # emit StepCompleted), and the proxy's script only ever moves it forward
-        try:
-            await self._ack(delivery_ids, [], rejected, 0)
-        except grpc.aio.AioRpcError as e:
-            if e.code() != grpc.StatusCode.INVALID_ARGUMENT or not rejected:
-                raise
-            # a batch id the proxy does not know (a forged manifest): take the delivery off the stream
-            log.warning("reject_ack_refused", batch_ids=rejected, error=e.details())
-            await self._ack(delivery_ids, [], [], 0)
+        await self._ack(delivery_ids, consumed, rejected, 0)
 
     async def _publish(self, manifest: pb.AdapterManifest) -> int:
         req = pb.PublishAdapterRequest(run_id=self.run_id, manifest=manifest)
         resp = await self._call("PublishAdapter", lambda: self.client.learner.PublishAdapter(req, timeout=30))
         return resp.latest_version
 
-    async def _latest_version(self) -> int:
-        state = await self._call("GetRun", lambda: self.client.runs.GetRun(pb.RunRef(run_id=self.run_id), timeout=30))
-        return state.latest_version
+    async def _run_state(self) -> pb.RunState:
+        return await self._call("GetRun", lambda: self.client.runs.GetRun(pb.RunRef(run_id=self.run_id), timeout=30))
 
     # ------------------------------------------------------------ start
 
     async def resume(self) -> None:
         """Continue from the newest complete checkpoint, or start at step 0 with adapter v0."""
-        proxy_latest = await self._latest_version()
+        proxy_latest = (await self._run_state()).latest_version
         found = await checkpoint.latest(self.bucket, self.run_id)
         if found is None:
             self.state = LearnerState()
@@ -163,11 +209,38 @@ class Learner:
         s = self.state
         if s.published:
             files, quant_error = self.trainer.adapter_files(self.spec.adapter_payload, self.config_json)
-            manifest = await adapters.write_version(self.bucket, self.run_id, s.version, s.step, files,
-                                                    self.spec.adapter_payload, quant_error)
-            await self._publish(manifest)
+            await adapters.write_version(self.bucket, self.run_id, s.version, s.step, files,
+                                         self.spec.adapter_payload, quant_error)
         await self._write_metrics(s.metrics)
-        await self._ack_pending(s.step)
+        self._told = Told(s.step, s.version, s.ack, metrics_for_proxy(s.metrics[-1] if s.metrics else None))
+        s.ack, s.metrics = PendingAck(), []
+        await self._repair_redis(self._told)
+
+    async def _repair_redis(self, told: Told) -> None:
+        """Bring Redis up to `told` where it is behind (a restart that lost its last writes, or a
+        commit cut short): publish every version it lacks from the bucket's manifests (create-only
+        objects, the same manifest bytes: a repeat is a no-op), ack the commits after its step with
+        their metrics, the newest with its deliveries and batches. Deliveries of older commits whose
+        acks were lost come back pending: the prefetcher reads them again and acks them as duplicates."""
+        run = await self._run_state()
+        if run.latest_version >= told.version and run.learner_step >= told.step:
+            return
+        log.warning("redis_behind_checkpoint", redis_version=run.latest_version, redis_step=run.learner_step,
+                    version=told.version, step=told.step)
+        for v in range(run.latest_version + 1, told.version + 1):
+            await self._publish(await adapters.read_manifest(self.bucket, self.run_id, v))
+        if run.learner_step < told.step:
+            for step in await checkpoint.steps(self.bucket, self.run_id):
+                if run.learner_step < step < told.step:
+                    await self._ack([], [], [], step, await self._read_metrics(step))
+            await self._send_ack(told)
+            self.prefetch.repull()
+
+    async def _read_metrics(self, step: int) -> str:
+        try:
+            return metrics_for_proxy(json.loads(await self.bucket.get(keys.metrics_key(self.run_id, step))))
+        except ObjectNotFound:
+            return ""
 
     # ------------------------------------------------------------ the loop
 
@@ -228,6 +301,8 @@ class Learner:
                               before_manifest=lambda: self.crash.at("mid_checkpoint", step))
         self.durable_step = step
         self.crash.at("after_checkpoint", step)
+        if self._told is not None:  # first: a version published over a hole Redis lost would stay a hole
+            await self._repair_redis(self._told)
         if s.published:
             payload, quant_error = self._published_files
             manifest = await adapters.write_version(self.bucket, self.run_id, s.version, step, payload,

@@ -19,7 +19,11 @@ Failure handling, in one place:
 - SIGTERM/SIGINT: generation stops, FailLease(PREEMPTED) requeues the batch at once, exit 0. If the
   signal lands while a finished rollout is being committed, the commit gets COMMIT_GRACE_S first;
 - anything else wrong with one batch (a corrupt adapter, an engine error): FailLease(ERROR) and go
-  on; the proxy dead-letters a batch that keeps failing.
+  on (the heartbeat stops first); the proxy dead-letters a batch that keeps failing;
+- the attempt's rollout key already holds other bytes (Redis lost writes and granted the attempt
+  again; an engine that is not bit-reproducible): the object there is adopted when it is this
+  lease's rollout (same run, batch, attempt, version), else the lease is handed back PREEMPTED, so
+  the next attempt gets a new key; neither counts as a failure and no object is written twice.
 """
 
 from __future__ import annotations
@@ -57,7 +61,7 @@ from brigade.engine import make_engine
 from brigade.engine.base import Engine, Sample, Stopped
 from brigade.retry import Backoff, retry
 from brigade.rewards import RewardCall, RewardSet, RqSandbox, Scores, TrainerState, reward_queue
-from brigade.rollout_format import Rollout
+from brigade.rollout_format import Rollout, from_bytes
 from brigade.rpc import ProxyClient, describe_rpc_error
 from brigade.v1 import brigade_pb2 as pb
 from brigade_rollout.adapter_cache import AdapterCache
@@ -103,6 +107,10 @@ class FatalError(Exception):
 
 class LeaseGone(Exception):
     """The proxy took the lease back (expired or revoked) before the rollout was completed."""
+
+
+class KeyTaken(Exception):
+    """The attempt's rollout key holds bytes that are not this lease's rollout."""
 
 
 class BatchError(Exception):
@@ -197,7 +205,7 @@ class Worker:
         self.rewards: RewardSet | None = None
         self.spec: pb.RunSpec | None = None
         self.stats = {"completed": 0, "duplicates": 0, "revoked": 0, "lost": 0, "failed": 0, "preempted": 0,
-                      "rewards_rejected": 0}
+                      "rewards_rejected": 0, "key_taken": 0}
         self._main: asyncio.Task | None = None
         self._run_task: asyncio.Task | None = None
         self._stopping = asyncio.Event()
@@ -358,9 +366,16 @@ class Worker:
             self.stats["lost"] += 1
             blog.warning("lease taken back before completion; rollout discarded", reason=str(e))
             return False
+        except KeyTaken as e:
+            hb.cancel()
+            self.stats["key_taken"] += 1
+            blog.warning("rollout key taken; handing the lease back uncounted", error=str(e))
+            await self._fail(lease, pb.FailLeaseRequest.PREEMPTED, f"rollout key taken: {e}", blog)
+            return False
         except FatalError:
             raise
         except Exception as e:
+            hb.cancel()  # the lease is handed back: a heartbeat now would only report it lost
             self.stats["failed"] += 1
             blog.error("batch failed", error=f"{type(e).__name__}: {e}", exc_info=not isinstance(e, BatchError))
             await self._fail(lease, pb.FailLeaseRequest.ERROR, f"{type(e).__name__}: {e}", blog)
@@ -393,35 +408,51 @@ class Worker:
         text = text_sidecar(lease, cfg.worker_id, samples, completions, totals, scores.parts, scores.names, scores)
         key = keys.rollout_key(lease.run_id, lease.batch.batch_id, lease.attempt)
         text_key = keys.rollout_text_key(lease.run_id, lease.batch.batch_id, lease.attempt)
-        digest = await self._put_once(key, data, must_match=True)
-        await self._put_once(text_key, text, must_match=False)
+        digest, existing = await self._put_once(key, data)
+        if existing is not None:
+            rollout, data = self._adopt(lease, existing), existing
+            self.log.info("rollout key held this lease's rollout already; adopted", key=key)
+        await self._put_once(text_key, text)
         if all(r is None for r in totals):
             self.log.warning("no sample of the batch was scored", batch=lease.batch.batch_id)
         return pb.RolloutManifest(
             run_id=lease.run_id, batch_id=lease.batch.batch_id, attempt=lease.attempt, worker_id=cfg.worker_id,
             policy_version=lease.adapter_version, uri=key, sha256=digest, size_bytes=len(data),
             num_samples=rollout.num_samples, num_tokens=rollout.num_tokens,
-            reward_mean=reward_mean(totals),
+            reward_mean=reward_mean(rollout.rewards.tolist()),
             compute_seconds=time.monotonic() - t0, price_per_hour=cfg.price_per_hour,
             capacity_class=cfg.capacity_class, adapter_payload=payload, engine=self.engine.name,
             created_ms=int(time.time() * 1000), text_uri=text_key,
         )
 
-    async def _put_once(self, key: str, data: bytes, must_match: bool) -> str:
-        """Create-only put, idempotent across our own retries: a try that landed before its answer was
-        lost leaves the same bytes (a batch attempt is deterministic), which is fine."""
+    async def _put_once(self, key: str, data: bytes) -> tuple[str, bytes | None]:
+        """Create-only put, idempotent across our own retries (a try that landed before its answer was
+        lost leaves the same bytes). Returns the sha256 of what the key holds, and those bytes when
+        they are not `data`: the same attempt generated before, by an engine that is not
+        bit-reproducible or with the grant repeated after Redis lost writes."""
         digest = sha256_hex(data)
         try:
             return await with_retries(f"uploading {key}", lambda: self.bucket.put_new(key, data),
-                                      bucket_retryable, BUCKET_TIMEOUT_S)
+                                      bucket_retryable, BUCKET_TIMEOUT_S), None
         except ObjectExists:
             existing = await with_retries(f"reading {key}", lambda: self.bucket.get(key), bucket_retryable,
                                           BUCKET_TIMEOUT_S)
-            if sha256_hex(existing) == digest:
-                return digest
-            if must_match:
-                raise BatchError(f"{key} already holds different bytes") from None
-            return sha256_hex(existing)
+            held = sha256_hex(existing)
+            return held, None if held == digest else existing
+
+    @staticmethod
+    def _adopt(lease: pb.Lease, data: bytes) -> Rollout:
+        """The rollout already at this attempt's key, when it is one for this lease (the learner checks
+        the same metadata); else KeyTaken."""
+        try:
+            r = from_bytes(data)
+        except Exception as e:  # noqa: BLE001 - whatever is there, it is not this lease's rollout
+            raise KeyTaken(f"not a rollout: {type(e).__name__}: {str(e)[:200]}") from None
+        got = (r.run_id, r.batch_id, r.attempt, r.policy_version)
+        want = (lease.run_id, lease.batch.batch_id, lease.attempt, lease.adapter_version)
+        if got != want:
+            raise KeyTaken(f"it holds (run, batch, attempt, version) {got}, this lease is {want}")
+        return r
 
     async def _complete(self, lease: pb.Lease, manifest: pb.RolloutManifest) -> bool:
         req = pb.CompleteLeaseRequest(run_id=lease.run_id, lease_id=lease.lease_id, worker_id=self.cfg.worker_id,

@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
+from google.protobuf.message import DecodeError
+from redis.exceptions import RedisError
 
 from brigade import keys
 from brigade.store.checks import (
@@ -46,24 +48,40 @@ class Learner:
 
     async def pull(self, run: str, learner: str, max_manifests: int, wait_ms: int = 0,
                    include_pending: bool = False) -> Pulled:
+        """Everything the reply needs is read BEFORE the delivering read (XREADGROUP '>'): once Redis
+        has handed entries to this learner's pending list, no call that can fail (a connection a Redis
+        restart left stale) stands between that read and the reply. A reply lost anyway (the proxy
+        dies, the network drops it) leaves them pending; the learner reads its pending entries
+        again (include_pending) after any failed pull."""
         check_id("run_id", run)
         check_id("learner_id", learner)
         k = (await self.runs.get(run)).keys
         count = max(1, min(max_manifests or 1, MAX_PULL))
+        latest = number(await self.redis.get(k.adapter_latest))  # may lag a long poll's wait: a hint
         out: list[tuple[str, pb.RolloutManifest]] = []
         if include_pending:
             res = await self.redis.xreadgroup(keys.LEARNER_GROUP, learner, {k.rollouts: "0"}, count=count)
-            out = await self._decode_rollouts(k, res)
+            out, gone = self._decode_rollouts(res)
+            await self._ack_gone(k, gone)
         if not out:
             wait = max(0, min(wait_ms, MAX_BLOCK_MS))
-            client = self.blocking if wait else self.redis
-            res = await client.xreadgroup(keys.LEARNER_GROUP, learner, {k.rollouts: ">"}, count=count,
-                                          block=wait or None)
-            out = await self._decode_rollouts(k, res)
-        latest = number(await self.redis.get(k.adapter_latest))
+            res = await self._deliver(k, learner, count, wait)
+            out, gone = self._decode_rollouts(res)
+            try:
+                await self._ack_gone(k, gone)
+            except RedisError:  # housekeeping: they stay pending, empty, until a pending read acks them
+                pass
         return Pulled(out, latest)
 
-    async def _decode_rollouts(self, k: keys.RunKeys, res) -> list[tuple[str, pb.RolloutManifest]]:
+    async def _deliver(self, k: keys.RunKeys, learner: str, count: int, wait_ms: int):
+        """The delivering read: new entries become this learner's pending ones."""
+        client = self.blocking if wait_ms else self.redis
+        return await client.xreadgroup(keys.LEARNER_GROUP, learner, {k.rollouts: ">"}, count=count,
+                                       block=wait_ms or None)
+
+    @staticmethod
+    def _decode_rollouts(res) -> tuple[list[tuple[str, pb.RolloutManifest]], list[bytes]]:
+        """(delivery id, manifest) of each entry, and the ids of entries deleted after delivery."""
         out, gone = [], []
         for _stream, entries in res or []:
             for entry_id, fields in entries:
@@ -71,11 +89,16 @@ class Learner:
                 if not fields or len(fields.get(b"m", b"")) not in range(1, MAX_MANIFEST_BYTES + 1):
                     gone.append(entry_id)
                     continue
-                out.append((text(entry_id), pb.RolloutManifest.FromString(fields[b"m"])))
+                try:  # nothing between the delivering read and the reply may raise: undecodable is gone
+                    out.append((text(entry_id), pb.RolloutManifest.FromString(fields[b"m"])))
+                except DecodeError:
+                    gone.append(entry_id)
+        return out, gone
+
+    async def _ack_gone(self, k: keys.RunKeys, gone: list[bytes]) -> None:
         if gone:
             await self.redis.xack(k.rollouts, keys.LEARNER_GROUP, *gone)
             await self.redis.xdel(k.rollouts, *gone)  # an oversized one would count as outstanding for ever
-        return out
 
     async def ack(self, run: str, learner: str, delivery_ids: Sequence[str], consumed: Sequence[str],
                   rejected: Sequence[str], step: int, metrics_json: str = "") -> int:
