@@ -88,16 +88,16 @@ async def _bench(cfg: dict, beta: float) -> dict:
                     size_bytes=len(data), num_samples=r.num_samples)))
             object_bytes = len(data)
 
-            async def pull(n: int, include_pending: bool) -> list:
+            async def pull(n: int, include_pending: bool) -> tuple[list, bool]:  # (pulled, a try failed)
                 if include_pending:
-                    return []
+                    return [], False
                 out = deliveries[:n]
                 del deliveries[:n]
                 if not out:
                     await asyncio.sleep(3600)
-                return out
+                return out, False
 
-            async def ack(delivery_ids, rejected) -> None:
+            async def ack(delivery_ids, consumed, rejected) -> None:
                 return None
 
             consumed: set[str] = set()

@@ -135,9 +135,9 @@ class Learner:
                 raise
             # a batch id Redis does not know as completed: a forged manifest's, or one whose completion
             # Redis lost in a crash (its regenerated copy is acked as consumed when it comes back as a
-            # duplicate). The rest of the ack must still land: without the batches, then each alone.
+            # duplicate). The rest of the ack must still land: each batch alone, then the deliveries
+            # and the step (after the batches: the proxy holds a step to what the consumed batches make).
             log.warning("ack_refused", batch_ids=[*consumed, *rejected][:20], error=e.details())
-            await self._ack_once(delivery_ids, [], [], step, metrics_json)
             for fate in [([b], []) for b in consumed] + [([], [b]) for b in rejected]:
                 try:
                     await self._ack_once([], *fate, 0, "")
@@ -145,6 +145,7 @@ class Learner:
                     if e.code() != grpc.StatusCode.INVALID_ARGUMENT:
                         raise
                     log.warning("batch_fate_refused", consumed=fate[0], rejected=fate[1], error=e.details())
+            await self._ack_once(delivery_ids, [], [], step, metrics_json)
 
     async def _ack_once(self, delivery_ids: list[str], consumed: list[str], rejected: list[str], step: int,
                         metrics_json: str) -> None:
