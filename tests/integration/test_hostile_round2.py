@@ -78,10 +78,10 @@ def complete(client, run, worker="w") -> str:
 
 def test_a_forged_step_cannot_finish_a_run(client):
     run = new_run(client, max_steps=3)
-    for step in (2**64 - 1, 2**53, 3, 1):
+    for step in (2**64 - 1, 2**53, 3, 2):  # beyond one commit (checkpoint_every 1) past step 0
         assert code(client.learner.AckRollouts, pb.AckRolloutsRequest(run_id=run, step=step, learner_id="L")) == BAD
     assert lease(client, run).batch.batch_id  # still running
-    # with one consumed batch (batches_per_step 1) step 1 is what the learner can have reached
+    # one consumed batch (batches_per_step 1), stored step 0: step 1 is the most the learner can have reached
     batch = complete(client, run)
     pulled = client.learner.PullRollouts(pb.PullRolloutsRequest(run_id=run, max_manifests=5, learner_id="L"))
     ids = [p.delivery_id for p in pulled.rollouts]

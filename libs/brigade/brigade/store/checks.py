@@ -92,7 +92,7 @@ WIRE_BOUNDS: dict[str, Bound] = {
     "AckRolloutsRequest.rejected_batch_ids": Bound(MAX_IDS_PER_ACK, "rejected batch ids of one ack", unit="entries"),
     "AckRolloutsRequest.rejected_batch_ids[]": _id("a batch id"),
     "AckRolloutsRequest.metrics_json": Bound(MAX_METRICS_JSON, "one step's metrics, kept in Redis"),
-    "AckRolloutsRequest.step": Bound(MAX_SAFE_INT, "also: at most the steps the consumed batches make", unit=""),
+    "AckRolloutsRequest.step": Bound(MAX_SAFE_INT, "also: one commit past the stored step, or what the consumed batches make", unit=""),
     "AdapterManifest.uri": Bound(MAX_URI, "the adapter folder", printable=True),
     "AdapterManifest.payload": _label("bf16 or int8"),
     "AdapterManifest.files": Bound(64, "files of one adapter version", unit="entries"),

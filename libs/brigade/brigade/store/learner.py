@@ -110,7 +110,8 @@ class Learner:
         check_ack_ids(run, delivery_ids, consumed, rejected)
         acked, _consumed, _rejected = await self.scripts.ack(
             ri.keys, step=step, metrics_json=metrics_json, n_deliveries=len(delivery_ids), n_consumed=len(consumed),
-            learner=learner, batches_per_step=max(1, ri.spec.batches_per_step), metrics_maxlen=METRICS_KEPT,
+            learner=learner, batches_per_step=max(1, ri.spec.batches_per_step),
+            max_advance=max(1, ri.spec.checkpoint_every), max_steps=ri.spec.max_steps, metrics_maxlen=METRICS_KEPT,
             ids=[*delivery_ids, *consumed, *rejected])
         return int(acked)
 

@@ -1,11 +1,14 @@
 -- The learner's checkpoint covers these: ack the deliveries, record consumed / rejected batches,
 -- move the learner step forward, keep the step's metrics.
 -- KEYS: rollouts consumed rejected learner_step metrics stats events completed
--- ARGV: step metrics_json n_deliveries n_consumed learner batches_per_step metrics_maxlen ids...
+-- ARGV: step metrics_json n_deliveries n_consumed learner batches_per_step max_advance max_steps metrics_maxlen ids...
 -- Reply: {'ok', acked, consumed, rejected} | {'err', kind, message}
 -- ids: n_deliveries delivery ids, then n_consumed consumed batch ids, then the rejected batch ids.
--- A step is at most what the consumed batches make (batches_per_step each): a forged step far
--- ahead (2^64 - 1) would otherwise finish the run for good. Checked before anything changes.
+-- A step is at most one commit ahead of the stored step (`max_advance` = checkpoint_every), or what
+-- the consumed batches make (batches_per_step each), and never past max_steps: a forged step far
+-- ahead (2^64 - 1) would otherwise finish the run for good. The first bound lets a learner repair a
+-- Redis that lost the completions of batches it trained (acked one commit at a time); the second,
+-- a Redis that lost many step acks but kept the batches. Checked before anything changes.
 local ids = A.ids
 local nd, nc = tonumber(A.n_deliveries), tonumber(A.n_consumed)
 for i = nd + 1, #ids do
@@ -22,10 +25,13 @@ for i = nd + 1, nd + nc do
 end
 local will_consume = redis.call('SCARD', K.consumed)
 for _ in pairs(new) do will_consume = will_consume + 1 end
-local reachable = math.floor(will_consume / tonumber(A.batches_per_step))
+local reachable = math.max(math.floor(will_consume / tonumber(A.batches_per_step)),
+                           tonumber(redis.call('GET', K.learner_step) or '0') + tonumber(A.max_advance))
+local max_steps = tonumber(A.max_steps)
+if max_steps > 0 and reachable > max_steps then reachable = max_steps end
 if step > reachable then
-  return refuse('invalid', 'step ' .. A.step .. ' is beyond what ' .. fmt(will_consume) ..
-                ' consumed batches make (' .. fmt(reachable) .. ' steps)')
+  return refuse('invalid', 'step ' .. A.step .. ' is beyond what the run can have reached (' .. fmt(reachable) ..
+                ': one commit past the stored step, or what ' .. fmt(will_consume) .. ' consumed batches make)')
 end
 local acked = 0
 for i = 1, nd do
