@@ -27,7 +27,7 @@ import structlog
 from brigade import adapters, keys
 from brigade.bucket import Bucket, BucketError, ObjectExists, open_bucket
 from brigade.retry import Backoff, retry
-from brigade.rpc import ProxyClient, describe_rpc_error
+from brigade.rpc import ProxyClient, describe_rpc_error, is_transient
 from brigade.spec_file import build_spec, spec_to_dict
 from brigade.v1 import brigade_pb2 as pb
 from brigade_learner import checkpoint
@@ -39,7 +39,6 @@ from brigade_learner.trainer import Trainer
 log = structlog.get_logger()
 T = TypeVar("T")
 
-RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 PROXY_BACKOFF = Backoff(base_s=0.2, cap_s=5.0)
 
 
@@ -48,7 +47,9 @@ async def retry_unavailable(what: str, fn: Callable[[], Awaitable[T]], target: s
     def log_retry(attempt: int, delay: float, e: BaseException) -> None:
         log.warning("proxy_unreachable", call=what, error=describe_rpc_error(e, target), retry_s=round(delay, 2))
 
-    return await retry(fn, retryable=lambda e: isinstance(e, grpc.aio.AioRpcError) and e.code() in RETRYABLE,
+    # is_transient: UNAVAILABLE, DEADLINE_EXCEEDED, and a RESOURCE_EXHAUSTED that heals (Redis full, a
+    # proxy limit); an oversized message stays fatal
+    return await retry(fn, retryable=is_transient,
                        backoff=PROXY_BACKOFF, on_retry=log_retry)
 
 
