@@ -53,7 +53,7 @@ def server_options(max_receive_bytes: int = MAX_MESSAGE_BYTES,
         ("grpc.keepalive_time_ms", SERVER_KEEPALIVE_MS),
         ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
         ("grpc.keepalive_permit_without_calls", 1),
-        ("grpc.http2.min_recv_ping_interval_without_data_ms", min_ping_interval_ms),
+        # (the server side's minimum interval of RECEIVED pings, whatever the name suggests)
         ("grpc.http2.min_ping_interval_without_data_ms", min_ping_interval_ms),
         ("grpc.http2.max_ping_strikes", 2),
         ("grpc.http2.max_pings_without_data", 0),
