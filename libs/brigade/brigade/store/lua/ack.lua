@@ -2,6 +2,7 @@
 -- move the learner step forward, keep the step's metrics.
 -- KEYS: rollouts consumed rejected learner_step metrics stats events completed
 -- ARGV: step metrics_json n_deliveries n_consumed learner ids...
+-- FLAGS: allow-oom
 -- Reply: {'ok', acked, consumed, rejected} | {'err', kind, message}
 -- ids: n_deliveries delivery ids, then n_consumed consumed batch ids, then the rejected batch ids.
 local ids = A.ids

@@ -4,6 +4,7 @@
 -- which must never be a lease granted in between.
 -- KEYS: stream
 -- ARGV: group min_idle_ms
+-- FLAGS: allow-oom
 -- Reply: {'ok', consumers removed}
 local removed = 0
 for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', K.stream, A.group)) do
