@@ -131,7 +131,7 @@ def test_watchers_are_capped_and_cannot_starve_pulls(proxy, run):
 
     def watch() -> None:
         with channel(proxy.target) as ch:
-            stream = pbg.RunServiceStub(ch).WatchRun(pb.WatchRunRequest(run_id=run), metadata=AUTH, timeout=6)
+            stream = pbg.RunServiceStub(ch).WatchRun(pb.WatchRunRequest(run_id=run), metadata=AUTH, timeout=3)
             opened.wait(10)
             try:
                 list(stream)

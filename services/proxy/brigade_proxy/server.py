@@ -148,8 +148,8 @@ def _gated(method_handler: grpc.RpcMethodHandler, slots: Slots) -> grpc.RpcMetho
     async def gated(request_iterator, context: grpc.aio.ServicerContext):
         try:
             with slots.hold():
-                request = await anext(aiter(request_iterator), None)
-                if request is None:
+                request = await context.read()  # not the iterator: a suspended generator would hold the message
+                if request is grpc.aio.EOF:
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no request message")
                 return await behavior(request, context)
         except SlotsFull as e:
