@@ -208,3 +208,12 @@ def test_large_create_run_leaves_the_loop_free_and_touches_skip_prompts(proxy):
         listed = pbg.RunServiceStub(ch).ListRuns(pb.ListRunsRequest(), metadata=AUTH, timeout=10)
     assert [r.num_prompts for r in listed.runs if r.spec.run_id == run] == [300_000]
     assert proxy.store.runs._cache[run].prompts is None
+
+
+def test_every_limit_is_in_the_readme():
+    from dataclasses import fields
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    for f in fields(Limits):
+        assert f"`BRIGADE_{f.name.upper()}` | `--{f.name.replace('_', '-')}`" in readme, f.name
