@@ -217,3 +217,11 @@ def test_every_limit_is_in_the_readme():
     readme = (Path(__file__).parents[2] / "README.md").read_text()
     for f in fields(Limits):
         assert f"`BRIGADE_{f.name.upper()}` | `--{f.name.replace('_', '-')}`" in readme, f.name
+
+
+def test_prompt_bundle_is_the_deterministic_serialization():
+    from brigade.store.runs import prompt_bundle
+
+    prompts = [*make_prompts(300), pb.Prompt(), pb.Prompt(text="é" * 200, columns={"b": "2", "a": "1"})]
+    expected = pb.PromptBatch(run_id="r", prompts=prompts).SerializeToString(deterministic=True)
+    assert prompt_bundle("r", [p.SerializeToString(deterministic=True) for p in prompts]) == expected

@@ -32,6 +32,7 @@ from brigade.rpc import KEEPALIVE_MS, TRANSIENT_KEY, BearerAuthInterceptor, serv
 from brigade.spec import fill_defaults
 from brigade.store import AlreadyExists, InvalidArgument, NotFound, Store, StoreError
 from brigade.store.checks import check_manifest_worker, check_run_spec
+from brigade.store.runs import prompt_bundle
 from brigade.v1 import brigade_pb2 as pb
 from brigade.v1 import brigade_pb2_grpc as pbg
 from brigade_proxy import reflection
@@ -142,21 +143,21 @@ def client_address(context: grpc.aio.ServicerContext) -> str:
 
 def _gated(method_handler: grpc.RpcMethodHandler, slots: Slots) -> grpc.RpcMethodHandler:
     """A unary method served as request-streaming, so it takes a slot BEFORE its request is read: a
-    call beyond the limit never has its body (up to max_message_bytes) buffered."""
-    behavior = method_handler.unary_unary
+    call beyond the limit never has its body (up to max_message_bytes) buffered. Its bytes are parsed
+    off the event loop (a million prompts take a second of C code that holds the GIL)."""
+    behavior, deserialize = method_handler.unary_unary, method_handler.request_deserializer
 
     async def gated(request_iterator, context: grpc.aio.ServicerContext):
         try:
             with slots.hold():
-                request = await context.read()  # not the iterator: a suspended generator would hold the message
-                if request is grpc.aio.EOF:
+                data = await context.read()  # not the iterator: a suspended generator would hold the message
+                if data is grpc.aio.EOF:
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no request message")
-                return await behavior(request, context)
+                return await behavior(await asyncio.to_thread(deserialize, data), context)
         except SlotsFull as e:
             await _abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, str(e), True)
 
-    return grpc.stream_unary_rpc_method_handler(gated, request_deserializer=method_handler.request_deserializer,
-                                                response_serializer=method_handler.response_serializer)
+    return grpc.stream_unary_rpc_method_handler(gated, response_serializer=method_handler.response_serializer)
 
 
 def add_servicer(server: grpc.aio.Server, service: str, servicer: Any, limits: Limits,
@@ -358,11 +359,12 @@ class RunServicer(pbg.RunServiceServicer):
         if len(request.prompts) > limit:
             raise InvalidArgument(f"{len(request.prompts)} prompts; a run takes at most {limit}")
         # a million prompts take seconds to check and encode: off the event loop, which serves everyone
-        spec, prompts, spec_bytes, bundle_bytes = await asyncio.to_thread(_prepare_run, request)
+        spec, prompts, encoded = await asyncio.to_thread(_prepare_run, request)
         run = spec.run_id
         if not await self.store.runs.exists(run):
-            await self.proxy.store_run(run, spec_bytes, bundle_bytes)
-        created = await self.store.runs.create(spec, prompts, exist_ok=request.exist_ok)
+            spec_bytes = spec.SerializeToString(deterministic=True)
+            await self.proxy.store_run(run, spec_bytes, await asyncio.to_thread(prompt_bundle, run, encoded))
+        created = await self.store.runs.create(spec, prompts, exist_ok=request.exist_ok, encoded=encoded)
         log.info("run created" if created else "run exists", run=run, prompts=len(prompts))
         return pb.CreateRunResponse(run_id=run, created=created)
 
@@ -407,12 +409,13 @@ class RunServicer(pbg.RunServiceServicer):
         return pb.ListDeadLettersResponse(dead_letters=await self.store.views.dead_letters(request.run_id))
 
 
-def _prepare_run(request: pb.CreateRunRequest) -> tuple[pb.RunSpec, list[pb.Prompt], bytes, bytes]:
-    """The spec with its defaults filled in, checked, and the two bucket objects' bytes."""
-    spec, prompts = fill_defaults(request.spec), list(request.prompts)  # unset fields: the declared defaults
+def _prepare_run(request: pb.CreateRunRequest) -> tuple[pb.RunSpec, list[pb.Prompt], list[bytes]]:
+    """The spec with its defaults filled in, checked, and each prompt's bytes."""
+    # unset fields: the declared defaults; a comprehension, since list() of a million prompts is one
+    # C call that holds the GIL (and so the event loop) for seconds
+    spec, prompts = fill_defaults(request.spec), [p for p in request.prompts]  # noqa: C416
     check_run_spec(spec, prompts)
-    bundle = pb.PromptBatch(run_id=spec.run_id, prompts=prompts)
-    return spec, prompts, spec.SerializeToString(deterministic=True), bundle.SerializeToString(deterministic=True)
+    return spec, prompts, [p.SerializeToString(deterministic=True) for p in prompts]
 
 
 # ---------------------------------------------------------------- server lifecycle
