@@ -51,7 +51,8 @@ def test_parse_error_reply_and_pack():
 def test_supports():
     assert PipelinedRedis.supports("redis://127.0.0.1:6379/0")
     assert PipelinedRedis.supports("redis://:pw@host:1/3")
-    assert not PipelinedRedis.supports("rediss://host:6379/0")
+    assert PipelinedRedis.supports("rediss://host:6379/0?ssl_ca_certs=/etc/ca.pem")
+    assert not PipelinedRedis.supports("redis://host:6379/0?protocol=3")
     assert not PipelinedRedis.supports("unix:///tmp/redis.sock")
 
 

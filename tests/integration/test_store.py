@@ -62,7 +62,8 @@ async def test_create_run_idempotence_and_conflicts(q):
         await q.runs.create(make_spec(run, seed=7), make_prompts(4), exist_ok=True)
     assert run in await q.runs.ids()
     info = await q.runs.get(run)
-    assert len(info.prompts) == 4 and info.spec == spec
+    assert info.num_prompts == 4 and info.spec == spec
+    assert len(await q.runs.load_prompts(info)) == 4
 
 
 async def test_create_run_validates(q):

@@ -44,7 +44,7 @@ def test_every_script_declares_what_it_uses(name):
 
 def test_loaded_source_binds_names_constants_and_common():
     s = _script("acquire")
-    assert s.source.startswith("local WORK_GROUP = 'rollout'\n")
+    assert s.source.startswith("#!lua\nlocal WORK_GROUP = 'rollout'\n")
     assert "local K = {work = KEYS[1], rollouts = KEYS[2]," in s.source
     assert "local function requeue(" in s.source and s.source.endswith(read_source("acquire"))
     assert all(f"local {c} = " in s.source for c in CONSTANTS)

@@ -6,21 +6,37 @@ writes every command issued during one event-loop turn in a single send (automat
 and parses RESP2 replies straight into futures, in order. Replies are what redis-py returns with
 decode_responses=False: bytes, int, None, lists; an error reply raises `ReplyError`.
 
-Only what the hot path needs: plain TCP redis:// URLs with optional password and database. Anything
-else (TLS, unix sockets) makes `supports()` false and the caller stays on redis-py.
+Only what the hot path needs: TCP `redis://` and `rediss://` (TLS) URLs with optional password and
+database; for TLS, `?ssl_ca_certs=` (the CA file) and `?ssl_check_hostname=` as redis-py reads them.
+Anything else (unix sockets, other query parameters) makes `supports()` false and the caller stays
+on redis-py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-from urllib.parse import unquote, urlparse
+import socket
+import ssl
+from urllib.parse import parse_qs, unquote, urlparse
 
 import redis.exceptions
 
 
 class ReplyError(redis.exceptions.ResponseError):
     """An error reply from Redis (e.g. NOSCRIPT, WRONGTYPE)."""
+
+
+class OutOfMemory(ReplyError, redis.exceptions.OutOfMemoryError):
+    """Redis refused a write: used memory is over `maxmemory` (what redis-py raises as OutOfMemoryError)."""
+
+
+# the query parameters of a URL this client understands (redis-py's names)
+TLS_PARAMETERS = frozenset({"ssl_ca_certs", "ssl_check_hostname"})
+
+
+def reply_error(message: str) -> ReplyError:
+    return (OutOfMemory if message.startswith("OOM ") else ReplyError)(message)
 
 
 class _Incomplete(Exception):
@@ -86,7 +102,7 @@ def parse(buf: bytes | bytearray, pos: int) -> tuple[object, int]:
     if kind == 43:  # + simple string
         return bytes(buf[pos + 1:end]), end + 2
     if kind == 45:  # - error
-        return ReplyError(bytes(buf[pos + 1:end]).decode("utf-8", "replace")), end + 2
+        return reply_error(bytes(buf[pos + 1:end]).decode("utf-8", "replace")), end + 2
     raise redis.exceptions.ConnectionError(f"unexpected byte {chr(kind)!r} in a Redis reply")
 
 
@@ -151,11 +167,21 @@ class _Protocol(asyncio.Protocol):
                 fut.set_exception(exc)
 
 
+def tls_context(scheme: str, query: dict[str, str]) -> ssl.SSLContext | None:
+    """The TLS context of a rediss:// URL (None for redis://): the system CAs, or `ssl_ca_certs`."""
+    if scheme != "rediss":
+        return None
+    ctx = ssl.create_default_context(cafile=query.get("ssl_ca_certs") or None)
+    ctx.check_hostname = query.get("ssl_check_hostname", "true").lower() not in ("0", "false", "no", "n", "f")
+    return ctx
+
+
 class PipelinedRedis:
     """One auto-pipelined connection, opened on first use and reopened after a failure."""
 
     def __init__(self, url: str, connect_timeout: float = 5.0):
         u = urlparse(url)
+        self.tls = tls_context(u.scheme, {k: v[-1] for k, v in parse_qs(u.query).items()})
         self.host = u.hostname or "127.0.0.1"
         self.port = u.port or 6379
         self.username = unquote(u.username) if u.username else None
@@ -169,7 +195,7 @@ class PipelinedRedis:
     @staticmethod
     def supports(url: str) -> bool:
         u = urlparse(url)
-        if u.scheme != "redis" or u.query:
+        if u.scheme not in ("redis", "rediss") or not set(parse_qs(u.query)) <= TLS_PARAMETERS:
             return False
         path = (u.path or "/").strip("/")
         return path == "" or path.isdigit()
@@ -190,13 +216,12 @@ class PipelinedRedis:
         loop = asyncio.get_running_loop()
         try:
             _, proto = await asyncio.wait_for(
-                loop.create_connection(_Protocol, self.host, self.port), self.connect_timeout)
-        except (OSError, TimeoutError) as e:
+                loop.create_connection(_Protocol, self.host, self.port, ssl=self.tls,
+                                       server_hostname=self.host if self.tls else None), self.connect_timeout)
+        except (OSError, TimeoutError) as e:  # ssl.SSLError (a bad certificate) is an OSError
             raise redis.exceptions.ConnectionError(f"cannot connect to Redis at {self.host}:{self.port}: {e}") from e
         sock = proto.transport.get_extra_info("socket")
         if sock is not None:
-            import socket
-
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
         if self.password is not None:

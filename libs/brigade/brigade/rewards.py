@@ -576,11 +576,12 @@ class RqSandbox:
     """Runs reward calls as rq jobs on `queue`; optionally owns an rq worker subprocess for it."""
 
     def __init__(self, redis_url: str, queue: str, start_worker: bool = True, poll_s: float = 0.05):
-        from redis import Redis
         from rq import Queue
 
+        from brigade.redis_clients import sync_client
+
         self.redis_url, self.queue_name, self.poll_s = redis_url, queue, poll_s
-        self.redis = Redis.from_url(redis_url)
+        self.redis = sync_client(redis_url)
         self.queue = Queue(queue, connection=self.redis)
         self.worker: subprocess.Popen | None = None
         if start_worker:

@@ -14,18 +14,76 @@ from brigade.v1 import brigade_pb2_grpc as pbg
 
 # Manifests and prompt batches are small; the one large message is CreateRun with its prompt set.
 MAX_MESSAGE_BYTES = 32 * 1024 * 1024
-CHANNEL_OPTIONS = [
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.keepalive_time_ms", 20_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    # gRPC's reconnect backoff grows to 120 s by default: after a long proxy outage a client would
-    # sit idle up to two minutes after the proxy is back. Cap it; callers add their own jittered retries.
-    ("grpc.max_reconnect_backoff_ms", 5_000),
-    # a name that resolves to several proxies (a headless Kubernetes Service) gets a connection to
-    # each and calls spread over them, not one HTTP/2 connection pinned to the first address
-    ("grpc.lb_policy_name", "round_robin"),
-]
+
+# Keepalive, both sides in one place. Clients ping every KEEPALIVE_MS, with or without calls, so a
+# dead proxy (or a NAT that dropped the connection) is noticed within KEEPALIVE_MS + 20 s. grpc-core's
+# server default counts a ping received less than 5 minutes after the last one, or with no call open,
+# as a "strike" and sends GOAWAY too_many_pings after two: it must accept what the clients send, so it
+# permits pings without calls and any ping interval down to half the clients' (a safety factor for
+# timer jitter); a peer pinging faster than that still gets GOAWAY, as grpc-core intends.
+KEEPALIVE_MS = 20_000
+KEEPALIVE_TIMEOUT_MS = 20_000
+SERVER_KEEPALIVE_MS = 60_000  # the proxy pings idle clients too: a vanished watcher frees its stream
+
+
+def channel_options(keepalive_ms: int = KEEPALIVE_MS) -> list[tuple[str, int | str]]:
+    """Client channel options; `keepalive_ms` is the ping interval (tests shorten it)."""
+    return [
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.keepalive_time_ms", keepalive_ms),
+        ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),  # keep pinging a quiet stream (WatchRun on an idle run)
+        # gRPC's reconnect backoff grows to 120 s by default: after a long proxy outage a client would
+        # sit idle up to two minutes after the proxy is back. Cap it; callers add their own jittered retries.
+        ("grpc.max_reconnect_backoff_ms", 5_000),
+        # a name that resolves to several proxies (a headless Kubernetes Service) gets a connection to
+        # each and calls spread over them, not one HTTP/2 connection pinned to the first address
+        ("grpc.lb_policy_name", "round_robin"),
+    ]
+
+
+CHANNEL_OPTIONS = channel_options()
+
+
+def server_options(max_receive_bytes: int = MAX_MESSAGE_BYTES,
+                   min_ping_interval_ms: int = KEEPALIVE_MS // 2) -> list[tuple[str, int]]:
+    """The proxy's server options: the keepalive policy above and gRPC's receive limit."""
+    return [
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_receive_message_length", max_receive_bytes),
+        ("grpc.keepalive_time_ms", SERVER_KEEPALIVE_MS),
+        ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+        ("grpc.keepalive_permit_without_calls", 1),
+        # (the server side's minimum interval of RECEIVED pings, whatever the name suggests)
+        ("grpc.http2.min_ping_interval_without_data_ms", min_ping_interval_ms),
+        ("grpc.http2.max_ping_strikes", 2),
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.so_reuseport", 0),
+    ]
+
+
+# A RESOURCE_EXHAUSTED that goes away by itself (Redis is full, a concurrency limit of the proxy) carries
+# this trailing metadata key; one that does not (a message over the size limit) does not carry it.
+TRANSIENT_KEY = "brigade-transient"
+# grpc's own refusal beyond the server's maximum_concurrent_rpcs (it sets no metadata)
+_GRPC_CONCURRENCY_DETAILS = "Concurrent RPC limit exceeded"
+
+
+def is_transient(err: BaseException) -> bool:
+    """An RPC error that calling again later may heal: the proxy unreachable or slow, Redis full, a limit."""
+    if not isinstance(err, grpc.RpcError):
+        return False
+    code = err.code()
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return True
+    if code != grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return False
+    trailing = err.trailing_metadata() or ()
+    return any(k == TRANSIENT_KEY for k, _ in trailing) or (err.details() or "").startswith(_GRPC_CONCURRENCY_DETAILS)
+
+
 # Health checking and reflection stay open so load balancers and grpcurl work without a token.
 OPEN_METHOD_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 
@@ -58,8 +116,9 @@ class _BearerTokenStream(_BearerToken, grpc.aio.UnaryStreamClientInterceptor):
         return await continuation(self._details(client_call_details), request)
 
 
-def open_channel(target: str, token: str = "", tls_ca: str = "") -> grpc.aio.Channel:
+def open_channel(target: str, token: str = "", tls_ca: str = "", keepalive_ms: int = KEEPALIVE_MS) -> grpc.aio.Channel:
     """An aio channel to the proxy; TLS when a CA file is given (or target starts with https://)."""
+    options = channel_options(keepalive_ms)
     interceptors = [_BearerTokenUnary(token), _BearerTokenStream(token)] if token else None
     if target.startswith("https://"):
         target, tls = target.removeprefix("https://"), True
@@ -67,8 +126,8 @@ def open_channel(target: str, token: str = "", tls_ca: str = "") -> grpc.aio.Cha
         target, tls = target.removeprefix("http://"), bool(tls_ca)
     if tls:
         creds = grpc.ssl_channel_credentials(root_certificates=_read(tls_ca) if tls_ca else None)
-        return grpc.aio.secure_channel(target, creds, options=CHANNEL_OPTIONS, interceptors=interceptors)
-    return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS, interceptors=interceptors)
+        return grpc.aio.secure_channel(target, creds, options=options, interceptors=interceptors)
+    return grpc.aio.insecure_channel(target, options=options, interceptors=interceptors)
 
 
 @dataclass
@@ -112,21 +171,40 @@ def describe_rpc_error(err: grpc.aio.AioRpcError | grpc.RpcError, target: str = 
 
 # ---------------------------------------------------------------- server side
 
+def refusal(code: grpc.StatusCode, message: str, *, transient: bool = False,
+            streaming: bool = False) -> grpc.RpcMethodHandler:
+    """A handler that answers `code` WITHOUT reading the request: it is declared request-streaming, so
+    grpc.aio calls it before any message arrives and the body (up to the receive limit) is never
+    buffered; the caller sees the same status whatever its method's type."""
+    trailing = ((TRANSIENT_KEY, "1"),) if transient else ()
+
+    async def refuse(request_iterator, context: grpc.aio.ServicerContext):
+        await context.abort(code, message, trailing_metadata=trailing)
+
+    async def refuse_stream(request_iterator, context: grpc.aio.ServicerContext):
+        await context.abort(code, message, trailing_metadata=trailing)
+        yield  # pragma: no cover - makes this an async generator for server-streaming methods
+
+    if streaming:
+        return grpc.stream_stream_rpc_method_handler(refuse_stream)
+    return grpc.stream_unary_rpc_method_handler(refuse)
+
+
+def token_matches(handler_call_details: grpc.HandlerCallDetails, expected: str) -> bool:
+    metadata = dict(handler_call_details.invocation_metadata or ())
+    given = metadata.get("authorization", "")
+    # constant-time comparison: response timing must not leak how much of a guess was right
+    return isinstance(given, str) and hmac.compare_digest(given.encode(), f"Bearer {expected}".encode())
+
+
 class BearerAuthInterceptor(grpc.aio.ServerInterceptor):
-    """Rejects calls without `authorization: Bearer <token>`, except health and reflection."""
+    """Rejects calls without `authorization: Bearer <token>`, except health and reflection, before
+    their request is read (an unauthenticated body is never buffered)."""
 
     def __init__(self, token: str):
-        self._expected = f"Bearer {token}"
-
-        async def deny(request, context: grpc.aio.ServicerContext):
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
-
-        async def deny_stream(request, context: grpc.aio.ServicerContext):
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
-            yield  # pragma: no cover - makes this an async generator for server-streaming methods
-
-        self._deny_unary = grpc.unary_unary_rpc_method_handler(deny)
-        self._deny_stream = grpc.unary_stream_rpc_method_handler(deny_stream)
+        self._token = token
+        self._deny = refusal(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+        self._deny_stream = refusal(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token", streaming=True)
 
     async def intercept_service(
         self,
@@ -134,17 +212,12 @@ class BearerAuthInterceptor(grpc.aio.ServerInterceptor):
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         method = handler_call_details.method
-        if method.startswith(OPEN_METHOD_PREFIXES):
-            return await continuation(handler_call_details)
-        metadata = dict(handler_call_details.invocation_metadata or ())
-        given = metadata.get("authorization", "")
-        # constant-time comparison: response timing must not leak how much of a guess was right
-        if isinstance(given, str) and hmac.compare_digest(given.encode(), self._expected.encode()):
+        if method.startswith(OPEN_METHOD_PREFIXES) or token_matches(handler_call_details, self._token):
             return await continuation(handler_call_details)
         handler = await continuation(handler_call_details)
         if handler is not None and handler.response_streaming:
             return self._deny_stream
-        return self._deny_unary
+        return self._deny
 
 
 def server_credentials(cert: str, key: str) -> grpc.ServerCredentials:

@@ -25,13 +25,13 @@ def should_evaluate(version: int, eval_every: int) -> bool:
 
 
 async def watch(redis_url: str, bucket: str, run: str, log) -> None:
-    from redis import Redis
     from rq import Queue as RqQueue
 
+    from brigade.redis_clients import sync_client
     from brigade.store import Store
 
     store = Store(redis_url, max_connections=4, blocking_connections=1)
-    rq_queue = RqQueue(eval_queue(run), connection=Redis.from_url(redis_url))
+    rq_queue = RqQueue(eval_queue(run), connection=sync_client(redis_url))
     try:
         while not await store.runs.exists(run):
             log.info("waiting for the run to be created", run=run)

@@ -32,7 +32,7 @@ import structlog
 from brigade import adapters, keys
 from brigade.bucket import Bucket, BucketError, ObjectExists, ObjectNotFound, check_create_only, open_bucket
 from brigade.retry import Backoff, retry
-from brigade.rpc import ProxyClient, describe_rpc_error
+from brigade.rpc import ProxyClient, describe_rpc_error, is_transient
 from brigade.spec_file import build_spec, spec_to_dict
 from brigade.store.checks import MAX_METRICS_JSON
 from brigade.v1 import brigade_pb2 as pb
@@ -53,7 +53,6 @@ def metrics_for_proxy(metrics: dict | None) -> str:
     return text if len(text.encode()) <= MAX_METRICS_JSON else ""
 
 
-RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 PROXY_BACKOFF = Backoff(base_s=0.2, cap_s=5.0)
 
 
@@ -64,7 +63,9 @@ async def retry_unavailable(what: str, fn: Callable[[], Awaitable[T]], target: s
         on_failure()
         log.warning("proxy_unreachable", call=what, error=describe_rpc_error(e, target), retry_s=round(delay, 2))
 
-    return await retry(fn, retryable=lambda e: isinstance(e, grpc.aio.AioRpcError) and e.code() in RETRYABLE,
+    # is_transient: UNAVAILABLE, DEADLINE_EXCEEDED, and a RESOURCE_EXHAUSTED that heals (Redis full, a
+    # proxy limit); an oversized message stays fatal
+    return await retry(fn, retryable=is_transient,
                        backoff=PROXY_BACKOFF, on_retry=log_retry)
 
 

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from brigade.options import DEFAULTS, BucketUrl, Listen, LogLevel, RedisUrl, Token
+from brigade_proxy.limits import Limits
 
 TlsCert = Annotated[str, typer.Option("--tls-cert", envvar="BRIGADE_TLS_CERT", help="Server certificate (PEM); TLS when set.")]
 TlsKey = Annotated[str, typer.Option("--tls-key", envvar="BRIGADE_TLS_KEY", help="Server private key (PEM).")]
@@ -16,6 +17,25 @@ Grace = Annotated[float, typer.Option("--grace", help="Seconds to drain in-fligh
 Pipelined = Annotated[bool, typer.Option("--pipelined/--no-pipelined",
                                          help="Run the lease scripts over brigade's pipelining Redis client "
                                               "(--no-pipelined: plain redis-py, as `brigade bench proxy` compares).")]
+
+
+
+def _limit(name: str) -> typer.models.OptionInfo:
+    flag = name.replace("_", "-")
+    return typer.Option(f"--{flag}", envvar=f"BRIGADE_{name.upper()}", help=Limits.doc(name) + ".",
+                        rich_help_panel="Limits")
+
+
+_L = Limits()
+MaxMessageBytes = Annotated[int, _limit("max_message_bytes")]
+MaxRequestBytes = Annotated[int, _limit("max_request_bytes")]
+MaxPrompts = Annotated[int, _limit("max_prompts")]
+MaxCreateRuns = Annotated[int, _limit("max_create_runs")]
+MaxStreams = Annotated[int, _limit("max_streams")]
+MaxStreamsPerClient = Annotated[int, _limit("max_streams_per_client")]
+MaxPulls = Annotated[int, _limit("max_pulls")]
+MaxPullsPerClient = Annotated[int, _limit("max_pulls_per_client")]
+MaxRpcs = Annotated[int, _limit("max_rpcs")]
 
 
 def proxy(
@@ -28,6 +48,15 @@ def proxy(
     log_level: LogLevel = DEFAULTS.log_level,
     grace: Grace = 5.0,
     pipelined: Pipelined = True,
+    max_message_bytes: MaxMessageBytes = _L.max_message_bytes,
+    max_request_bytes: MaxRequestBytes = _L.max_request_bytes,
+    max_prompts: MaxPrompts = _L.max_prompts,
+    max_create_runs: MaxCreateRuns = _L.max_create_runs,
+    max_streams: MaxStreams = _L.max_streams,
+    max_streams_per_client: MaxStreamsPerClient = _L.max_streams_per_client,
+    max_pulls: MaxPulls = _L.max_pulls,
+    max_pulls_per_client: MaxPullsPerClient = _L.max_pulls_per_client,
+    max_rpcs: MaxRpcs = _L.max_rpcs,
 ) -> None:
     """The lease proxy: hands out prompt batches, takes rollout manifests, feeds the learner.
 
@@ -42,11 +71,18 @@ def proxy(
         raise typer.BadParameter(str(e), param_hint="--log-level") from None
     if bool(tls_cert) != bool(tls_key):
         raise typer.BadParameter("TLS needs both --tls-cert and --tls-key (BRIGADE_TLS_CERT / BRIGADE_TLS_KEY)")
+    try:
+        limits = Limits(max_message_bytes=max_message_bytes, max_request_bytes=max_request_bytes,
+                        max_prompts=max_prompts, max_create_runs=max_create_runs, max_streams=max_streams,
+                        max_streams_per_client=max_streams_per_client, max_pulls=max_pulls,
+                        max_pulls_per_client=max_pulls_per_client, max_rpcs=max_rpcs)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
     from brigade_proxy.server import serve
 
     try:
         asyncio.run(serve(listen, redis_url, bucket_url=bucket, token=token, tls_cert=tls_cert, tls_key=tls_key,
-                          grace=grace, pipelined=pipelined))
+                          grace=grace, pipelined=pipelined, limits=limits))
     except (RuntimeError, ValueError, OSError) as e:  # the address is taken, a bad bucket URL, unreadable TLS files
         typer.echo(f"brigade proxy: {e}", err=True)
         raise typer.Exit(1) from None

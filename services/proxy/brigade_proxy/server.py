@@ -3,13 +3,15 @@
 
 Every handler calls one store operation (which checks the request) and maps refusals to status codes;
 anything unexpected becomes INTERNAL (logged with its traceback) and the server keeps serving.
-Health checking and reflection are registered so `grpcurl` and load balancers work; they stay open
-when a bearer token is required.
+Health checking and reflection (v1 and v1alpha) are registered so `grpcurl` and load balancers
+work; they stay open when a bearer token is required. The limits of limits.py are enforced here:
+request sizes per method, CreateRun calls, WatchRun streams and PullRollouts in flight.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import signal
@@ -23,16 +25,18 @@ import redis.exceptions
 import structlog
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
-from grpc_reflection.v1alpha import reflection
 
 from brigade import keys
 from brigade.bucket import BucketError
-from brigade.rpc import CHANNEL_OPTIONS, BearerAuthInterceptor, server_credentials
+from brigade.rpc import KEEPALIVE_MS, TRANSIENT_KEY, BearerAuthInterceptor, server_credentials, server_options
 from brigade.spec import fill_defaults
 from brigade.store import AlreadyExists, InvalidArgument, NotFound, Store, StoreError
 from brigade.store.checks import check_manifest_worker, check_run_spec, check_wire
+from brigade.store.runs import prompt_bundle
 from brigade.v1 import brigade_pb2 as pb
 from brigade.v1 import brigade_pb2_grpc as pbg
+from brigade_proxy import reflection
+from brigade_proxy.limits import Limits
 
 log = structlog.get_logger("brigade.proxy")
 
@@ -45,72 +49,155 @@ SERVICE_NAMES = (
 
 # ---------------------------------------------------------------- error mapping
 
-def _status(e: Exception) -> tuple[grpc.StatusCode, str]:
+REDIS_FULL = ("Redis is full: its used memory is over maxmemory, so it refuses writes (nothing was written); "
+              "retry later, and give Redis more memory or let the learner and janitor drain it")
+
+
+def _status(e: Exception) -> tuple[grpc.StatusCode, str, bool]:
+    """(code, message, transient) for an exception of a handler."""
     if isinstance(e, StoreError):
-        return grpc.StatusCode[e.code], str(e)
+        return grpc.StatusCode[e.code], str(e), False
+    if isinstance(e, redis.exceptions.OutOfMemoryError):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED, REDIS_FULL, True
     if isinstance(e, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
-        return grpc.StatusCode.UNAVAILABLE, f"the proxy cannot reach Redis: {e}"
+        return grpc.StatusCode.UNAVAILABLE, f"the proxy cannot reach Redis: {e}", False
     if isinstance(e, redis.exceptions.BusyLoadingError):
-        return grpc.StatusCode.UNAVAILABLE, "Redis is loading its data; retry shortly"
+        return grpc.StatusCode.UNAVAILABLE, "Redis is loading its data; retry shortly", False
     if isinstance(e, BucketError):
-        return grpc.StatusCode.UNAVAILABLE, f"bucket error: {e}"
-    return grpc.StatusCode.INTERNAL, f"internal error in the proxy ({type(e).__name__}); see the proxy log"
+        return grpc.StatusCode.UNAVAILABLE, f"bucket error: {e}", False
+    return grpc.StatusCode.INTERNAL, f"internal error in the proxy ({type(e).__name__}); see the proxy log", False
 
 
 def _log_failure(method: str, e: Exception, code: grpc.StatusCode) -> None:
     if code == grpc.StatusCode.INTERNAL:
         log.error("rpc failed", method=method, error=repr(e), exc_info=e)
-    elif code == grpc.StatusCode.UNAVAILABLE:
-        log.warning("rpc unavailable", method=method, error=str(e))
+    elif code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED):
+        log.warning("rpc unavailable", method=method, code=code.name, error=str(e))
 
 
-class Malformed:
-    """Stands in for a request whose bytes do not parse, so the handler answers INVALID_ARGUMENT
-    (grpc itself would answer UNKNOWN)."""
-
-    def __init__(self, type_name: str, error: Exception):
-        self.message = f"malformed {type_name}: {error}"
+async def _abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str, transient: bool) -> None:
+    await context.abort(code, message, trailing_metadata=((TRANSIENT_KEY, "1"),) if transient else ())
 
 
-def _safe_deserializer(cls: type) -> Callable[[bytes], Any]:
+class Refused:
+    """Stands in for a request refused before it is parsed: bytes that do not parse (INVALID_ARGUMENT;
+    grpc itself would answer UNKNOWN) or more bytes than its method takes (RESOURCE_EXHAUSTED)."""
+
+    def __init__(self, code: grpc.StatusCode, message: str):
+        self.code = code
+        self.message = message
+
+
+def _safe_deserializer(cls: type, limit: int) -> Callable[[bytes], Any]:
     def deserialize(data: bytes) -> Any:
+        if len(data) > limit:
+            return Refused(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                           f"{cls.DESCRIPTOR.name} is {len(data)} bytes; the proxy takes at most {limit}")
         try:
             return check_wire(cls.FromString(data))  # every field within its declared bound
         except Exception as e:  # noqa: BLE001 - DecodeError and friends
-            return Malformed(cls.DESCRIPTOR.name, e)
+            return Refused(grpc.StatusCode.INVALID_ARGUMENT, f"malformed {cls.DESCRIPTOR.name}: {e}")
 
     return deserialize
 
 
-def add_servicer(server: grpc.aio.Server, service: str, servicer: Any) -> None:
-    """What the generated add_*Servicer_to_server does, with request parsing that cannot escape."""
+class Slots:
+    """Calls of one kind in flight: at most `total`, and at most `per_client` from one client address."""
+
+    def __init__(self, what: str, total: int, per_client: int | None = None):
+        self.what, self.total, self.per_client = what, total, per_client or total
+        self.used = 0
+        self.by_client: dict[str, int] = {}
+
+    @contextlib.contextmanager
+    def hold(self, client: str = ""):
+        """One slot for the `with` block; a transient RESOURCE_EXHAUSTED (SlotsFull) when none is free."""
+        mine = self.by_client.get(client, 0)
+        if self.used >= self.total:
+            raise SlotsFull(f"the proxy has {self.used} {self.what} in flight, its limit; retry later")
+        if mine >= self.per_client:
+            raise SlotsFull(f"this client ({client}) has {mine} {self.what} in flight, the limit per client; "
+                            f"close some or retry later")
+        self.used += 1
+        self.by_client[client] = mine + 1
+        try:
+            yield
+        finally:
+            self.used -= 1
+            left = self.by_client[client] - 1
+            if left:
+                self.by_client[client] = left
+            else:
+                del self.by_client[client]
+
+
+class SlotsFull(Exception):
+    pass
+
+
+def client_address(context: grpc.aio.ServicerContext) -> str:
+    """The peer's address without its port ("ipv4:10.0.0.7:51234" -> "ipv4:10.0.0.7")."""
+    peer = context.peer() or ""
+    return peer.rsplit(":", 1)[0] if peer.count(":") >= 2 else peer
+
+
+def _gated(method_handler: grpc.RpcMethodHandler, slots: Slots) -> grpc.RpcMethodHandler:
+    """A unary method served as request-streaming, so it takes a slot BEFORE its request is read: a
+    call beyond the limit never has its body (up to max_message_bytes) buffered. Its bytes are parsed
+    off the event loop (a million prompts take a second of C code that holds the GIL)."""
+    behavior, deserialize = method_handler.unary_unary, method_handler.request_deserializer
+
+    async def gated(request_iterator, context: grpc.aio.ServicerContext):
+        try:
+            with slots.hold():
+                data = await context.read()  # not the iterator: a suspended generator would hold the message
+                if data is grpc.aio.EOF:
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no request message")
+                return await behavior(await asyncio.to_thread(deserialize, data), context)
+        except SlotsFull as e:
+            await _abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, str(e), True)
+
+    return grpc.stream_unary_rpc_method_handler(gated, response_serializer=method_handler.response_serializer)
+
+
+def add_servicer(server: grpc.aio.Server, service: str, servicer: Any, limits: Limits,
+                 gates: dict[str, Slots] | None = None) -> None:
+    """What the generated add_*Servicer_to_server does, with request parsing that cannot escape,
+    size limits per method, and the methods named in `gates` taking a slot before their request is read."""
     descriptor = pb.DESCRIPTOR.services_by_name[service]
     handlers = {}
     for method in descriptor.methods:
         request_cls = getattr(pb, method.input_type.name)
         response_cls = getattr(pb, method.output_type.name)
+        limit = limits.max_message_bytes if method.name in (gates or {}) else limits.max_request_bytes
         make = grpc.unary_stream_rpc_method_handler if method.server_streaming else grpc.unary_unary_rpc_method_handler
-        handlers[method.name] = make(getattr(servicer, method.name), request_deserializer=_safe_deserializer(request_cls),
-                                     response_serializer=response_cls.SerializeToString)
+        handler = make(getattr(servicer, method.name), request_deserializer=_safe_deserializer(request_cls, limit),
+                       response_serializer=response_cls.SerializeToString)
+        if method.name in (gates or {}):
+            handler = _gated(handler, gates[method.name])
+        handlers[method.name] = handler
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(descriptor.full_name, handlers),))
     server.add_registered_method_handlers(descriptor.full_name, handlers)
 
 
 def rpc(fn: Callable) -> Callable:
-    """Unary handler: StoreError -> its status, Redis down -> UNAVAILABLE, anything else -> INTERNAL."""
+    """Unary handler: StoreError -> its status, Redis down -> UNAVAILABLE, Redis full -> RESOURCE_EXHAUSTED,
+    anything else -> INTERNAL."""
 
     @functools.wraps(fn)
     async def handler(self, request, context: grpc.aio.ServicerContext):
-        if isinstance(request, Malformed):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
+        if isinstance(request, Refused):
+            await context.abort(request.code, request.message)
         try:
             return await fn(self, request, context)
         except (grpc.aio.AbortError, asyncio.CancelledError):
             raise
+        except SlotsFull as e:
+            await _abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, str(e), True)
         except Exception as e:  # noqa: BLE001 - the point: no exception escapes to grpc
-            code, message = _status(e)
+            code, message, transient = _status(e)
             _log_failure(fn.__name__, e, code)
-            await context.abort(code, message)
+            await _abort(context, code, message, transient)
 
     return handler
 
@@ -120,17 +207,19 @@ def rpc_stream(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     async def handler(self, request, context: grpc.aio.ServicerContext):
-        if isinstance(request, Malformed):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
+        if isinstance(request, Refused):
+            await context.abort(request.code, request.message)
         try:
             async for item in fn(self, request, context):
                 yield item
         except (grpc.aio.AbortError, asyncio.CancelledError):
             raise
+        except SlotsFull as e:
+            await _abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, str(e), True)
         except Exception as e:  # noqa: BLE001
-            code, message = _status(e)
+            code, message, transient = _status(e)
             _log_failure(fn.__name__, e, code)
-            await context.abort(code, message)
+            await _abort(context, code, message, transient)
 
     return handler
 
@@ -140,8 +229,13 @@ def rpc_stream(fn: Callable) -> Callable:
 class Proxy:
     """What the three servicers share: the store and (optionally) the bucket."""
 
-    def __init__(self, store: Store, bucket: Any = None, bucket_url: str = "", owns_bucket: bool = True):
+    def __init__(self, store: Store, bucket: Any = None, bucket_url: str = "", owns_bucket: bool = True,
+                 limits: Limits | None = None):
         self.store = store
+        self.limits = limits = limits or Limits()
+        self.create_runs = Slots("CreateRun calls", limits.max_create_runs)
+        self.streams = Slots("WatchRun streams", limits.max_streams, limits.max_streams_per_client)
+        self.pulls = Slots("PullRollouts calls", limits.max_pulls, limits.max_pulls_per_client)
         self.bucket = bucket
         self.bucket_url = bucket_url
         self.owns_bucket = owns_bucket
@@ -221,6 +315,7 @@ class LeaseServicer(pbg.LeaseServiceServicer):
 class LearnerServicer(pbg.LearnerServiceServicer):
     def __init__(self, proxy: Proxy):
         self.learner = proxy.store.learner
+        self.pulls = proxy.pulls
 
     @rpc
     async def PullRollouts(self, request: pb.PullRolloutsRequest, context) -> pb.PullRolloutsResponse:
@@ -228,8 +323,9 @@ class LearnerServicer(pbg.LearnerServiceServicer):
         remaining = context.time_remaining()
         if remaining is not None:  # answer (empty) before the caller's deadline, not after it
             wait_ms = min(wait_ms, max(0, int(remaining * 1000) - 200))
-        pulled = await self.learner.pull(request.run_id, request.learner_id, request.max_manifests, wait_ms,
-                                         request.include_pending)
+        with self.pulls.hold(client_address(context)):
+            pulled = await self.learner.pull(request.run_id, request.learner_id, request.max_manifests, wait_ms,
+                                             request.include_pending)
         return pb.PullRolloutsResponse(
             rollouts=[pb.PulledRollout(delivery_id=d, manifest=m) for d, m in pulled.rollouts],
             latest_adapter_version=pulled.latest_version,
@@ -259,14 +355,16 @@ class RunServicer(pbg.RunServiceServicer):
     async def CreateRun(self, request: pb.CreateRunRequest, context) -> pb.CreateRunResponse:
         if not request.HasField("spec"):
             raise InvalidArgument("spec is required")
-        spec, prompts = fill_defaults(request.spec), list(request.prompts)  # unset fields: the declared defaults
-        check_run_spec(spec, prompts)
+        limit = self.proxy.limits.max_prompts
+        if len(request.prompts) > limit:
+            raise InvalidArgument(f"{len(request.prompts)} prompts; a run takes at most {limit}")
+        # a million prompts take seconds to check and encode: off the event loop, which serves everyone
+        spec, prompts, encoded = await asyncio.to_thread(_prepare_run, request)
         run = spec.run_id
         if not await self.store.runs.exists(run):
-            bundle = pb.PromptBatch(run_id=run, prompts=prompts)
-            await self.proxy.store_run(run, spec.SerializeToString(deterministic=True),
-                                       bundle.SerializeToString(deterministic=True))
-        created = await self.store.runs.create(spec, prompts, exist_ok=request.exist_ok)
+            spec_bytes = spec.SerializeToString(deterministic=True)
+            await self.proxy.store_run(run, spec_bytes, await asyncio.to_thread(prompt_bundle, run, encoded))
+        created = await self.store.runs.create(spec, prompts, exist_ok=request.exist_ok, encoded=encoded)
         log.info("run created" if created else "run exists", run=run, prompts=len(prompts))
         return pb.CreateRunResponse(run_id=run, created=created)
 
@@ -286,8 +384,9 @@ class RunServicer(pbg.RunServiceServicer):
 
     @rpc_stream
     async def WatchRun(self, request: pb.WatchRunRequest, context) -> AsyncIterator[pb.Event]:
-        async for event in self.store.views.events(request.run_id, request.after_id, request.from_start):
-            yield event
+        with self.proxy.streams.hold(client_address(context)):
+            async for event in self.store.views.events(request.run_id, request.after_id, request.from_start):
+                yield event
 
     @rpc
     async def ListLeases(self, request: pb.RunRef, context) -> pb.ListLeasesResponse:
@@ -308,6 +407,15 @@ class RunServicer(pbg.RunServiceServicer):
     @rpc
     async def ListDeadLetters(self, request: pb.RunRef, context) -> pb.ListDeadLettersResponse:
         return pb.ListDeadLettersResponse(dead_letters=await self.store.views.dead_letters(request.run_id))
+
+
+def _prepare_run(request: pb.CreateRunRequest) -> tuple[pb.RunSpec, list[pb.Prompt], list[bytes]]:
+    """The spec with its defaults filled in, checked, and each prompt's bytes."""
+    # unset fields: the declared defaults; a comprehension, since list() of a million prompts is one
+    # C call that holds the GIL (and so the event loop) for seconds
+    spec, prompts = fill_defaults(request.spec), [p for p in request.prompts]  # noqa: C416
+    check_run_spec(spec, prompts)
+    return spec, prompts, [p.SerializeToString(deterministic=True) for p in prompts]
 
 
 # ---------------------------------------------------------------- server lifecycle
@@ -375,24 +483,30 @@ async def start_server(
     tls_key: str = "",
     monitor_redis: bool = True,
     pipelined: bool = True,
+    limits: Limits | None = None,
+    min_ping_interval_ms: int = KEEPALIVE_MS // 2,
 ) -> ProxyServer:
-    """Build and start a proxy on `listen` (port 0 = any free port). Returns once it accepts calls."""
-    store = Store(redis_url, pipelined=pipelined)
+    """Build and start a proxy on `listen` (port 0 = any free port). Returns once it accepts calls.
+    `min_ping_interval_ms`: clients pinging more often than this get GOAWAY (tests shorten it)."""
+    limits = limits or Limits()
+    # one blocking connection per WatchRun stream it allows, one reserved per PullRollouts
+    store = Store(redis_url, pipelined=pipelined, blocking_connections=limits.max_streams,
+                  pull_connections=limits.max_pulls)
     owns_bucket = bucket is None
     if bucket is None and bucket_url:
         bucket = await open_bucket_or_none(bucket_url)
-    proxy = Proxy(store, bucket, bucket_url, owns_bucket=owns_bucket)
+    proxy = Proxy(store, bucket, bucket_url, owns_bucket=owns_bucket, limits=limits)
     interceptors = [BearerAuthInterceptor(token)] if token else []
-    server = grpc.aio.server(interceptors=interceptors, options=[*CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)])
-    add_servicer(server, "LeaseService", LeaseServicer(proxy))
-    add_servicer(server, "LearnerService", LearnerServicer(proxy))
-    add_servicer(server, "RunService", RunServicer(proxy))
+    server = grpc.aio.server(interceptors=interceptors, maximum_concurrent_rpcs=limits.max_rpcs,
+                             options=server_options(limits.max_message_bytes, min_ping_interval_ms))
+    add_servicer(server, "LeaseService", LeaseServicer(proxy), limits)
+    add_servicer(server, "LearnerService", LearnerServicer(proxy), limits)
+    add_servicer(server, "RunService", RunServicer(proxy), limits, gates={"CreateRun": proxy.create_runs})
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     for name in SERVICE_NAMES:
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
-    reflection.enable_server_reflection(
-        (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server)
+    reflection.enable(server, (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name))
     if bool(tls_cert) != bool(tls_key):
         raise ValueError("TLS needs both a certificate (--tls-cert) and a key (--tls-key)")
     if tls_cert:
@@ -416,11 +530,12 @@ async def serve(
     tls_key: str = "",
     grace: float = 5.0,
     pipelined: bool = True,
+    limits: Limits | None = None,
 ) -> None:
     """Run a proxy until SIGTERM or SIGINT, then drain in-flight calls for up to `grace` seconds."""
     started = time.monotonic()
     running = await start_server(redis_url, listen, bucket_url=bucket_url, token=token,
-                                 tls_cert=tls_cert, tls_key=tls_key, pipelined=pipelined)
+                                 tls_cert=tls_cert, tls_key=tls_key, pipelined=pipelined, limits=limits)
     try:
         await running.proxy.store.ping()
         redis_ok = True

@@ -62,7 +62,7 @@ from brigade.engine.base import Engine, Sample, Stopped
 from brigade.retry import Backoff, retry
 from brigade.rewards import RewardCall, RewardSet, RqSandbox, Scores, TrainerState, reward_queue
 from brigade.rollout_format import Rollout, from_bytes
-from brigade.rpc import ProxyClient, describe_rpc_error
+from brigade.rpc import ProxyClient, describe_rpc_error, is_transient
 from brigade.v1 import brigade_pb2 as pb
 from brigade_rollout.adapter_cache import AdapterCache
 
@@ -458,9 +458,10 @@ class Worker:
         req = pb.CompleteLeaseRequest(run_id=lease.run_id, lease_id=lease.lease_id, worker_id=self.cfg.worker_id,
                                       manifest=manifest)
 
-        def retryable(e: BaseException) -> bool:  # only "did not get there": anything else is an answer
-            return isinstance(e, TimeoutError) or (isinstance(e, grpc.aio.AioRpcError) and e.code() in (
-                grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED))
+        # only "did not get there", or a transient refusal (Redis full: nothing was written); anything
+        # else is an answer
+        def retryable(e: BaseException) -> bool:
+            return isinstance(e, TimeoutError) or is_transient(e)
 
         try:
             resp = await with_retries(

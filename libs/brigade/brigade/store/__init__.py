@@ -42,11 +42,10 @@ a spot reclaim says nothing about the batch.
 
 from __future__ import annotations
 
-import redis.asyncio as aioredis
-
+from brigade.redis_clients import async_client
 from brigade.resp import PipelinedRedis
 from brigade.store.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, StoreError
-from brigade.store.learner import Learner
+from brigade.store.learner import MAX_BLOCK_MS, Learner
 from brigade.store.leases import Leases
 from brigade.store.runs import RunInfo, Runs
 from brigade.store.scripts import Scripts
@@ -60,33 +59,33 @@ __all__ = ["AlreadyExists", "FailedPrecondition", "InvalidArgument", "NotFound",
 class Store:
     """The connections and the role objects over them. One per process; safe to share between tasks.
 
-    `redis` serves short commands; `blocking` (a separate pool) serves the long polls
-    (PullRollouts, WatchRun), so a hundred waiting learners or watchers never starve leases. The
-    scripts (every lease operation) go over one auto-pipelined connection (`brigade.resp`) when
+    Three redis-py pools (`brigade.redis_clients`, socket timeouts fit for each): `redis` serves
+    short commands; `blocking` serves WatchRun's long polls; `pulls` is reserved for PullRollouts,
+    so no number of watchers can starve the learner, and neither starves leases. The scripts
+    (every lease operation) go over one auto-pipelined connection (`brigade.resp`) when
     `pipelined` and the URL allow, else through redis-py."""
 
     def __init__(self, redis_url: str, *, max_connections: int = 128, blocking_connections: int = 256,
-                 pipelined: bool = True):
-        pool = aioredis.BlockingConnectionPool.from_url(redis_url, max_connections=max_connections, timeout=10)
-        bpool = aioredis.BlockingConnectionPool.from_url(redis_url, max_connections=blocking_connections, timeout=10)
+                 pull_connections: int = 32, pipelined: bool = True):
+        block_s = MAX_BLOCK_MS / 1000
         self.redis_url = redis_url
-        self.redis = aioredis.Redis(connection_pool=pool)
-        self.blocking = aioredis.Redis(connection_pool=bpool)
+        self.redis = async_client(redis_url, max_connections)
+        self.blocking = async_client(redis_url, blocking_connections, block_s)
+        self.pulls = async_client(redis_url, pull_connections, block_s)
         self.fast = PipelinedRedis(redis_url) if pipelined and PipelinedRedis.supports(redis_url) else None
         self.scripts = scripts = Scripts(self.redis, self.fast)
         self.runs = Runs(self.redis, scripts)
         self.leases = Leases(self.runs, scripts)
-        self.learner = Learner(self.redis, self.blocking, self.runs, scripts)
+        self.learner = Learner(self.redis, self.pulls, self.runs, scripts)
         self.sweeps = Sweeps(self.redis, self.runs, scripts)
         self.views = Views(self.redis, self.blocking, self.runs)
 
     async def close(self) -> None:
         if self.fast is not None:
             await self.fast.close()
-        await self.redis.aclose()
-        await self.blocking.aclose()
-        await self.redis.connection_pool.disconnect()
-        await self.blocking.connection_pool.disconnect()
+        for client in (self.redis, self.blocking, self.pulls):
+            await client.aclose()
+            await client.connection_pool.disconnect()
 
     async def ping(self) -> bool:
         return bool(await self.redis.ping())

@@ -30,7 +30,7 @@ MAX_IDS_PER_ACK = 10_000
 MAX_METRICS_JSON = 16_384     # UTF-8 bytes of one AckRollouts' metrics_json (a step's metrics are ~2 KB)
 METRICS_KEPT = 1_000          # steps of metrics kept in Redis and returned by GetMetrics: 16 MB a run at most
 MAX_SAFE_INT = 2**53 - 1      # Lua numbers are doubles: an integer above this is rounded, or wraps
-MAX_PROMPTS = 200_000         # prompts of one CreateRun
+MAX_PROMPTS = 1_000_000       # prompts of one CreateRun (the proxy's --max-prompts may lower it)
 MAX_TEXT = 65_536             # characters of a FailLease message (its first 500 are kept)
 MAX_LABEL = 64                # capacity_class, engine, payload and the spec's choice fields
 MAX_URI = 1_024
@@ -100,7 +100,7 @@ WIRE_BOUNDS: dict[str, Bound] = {
     "AdapterFile.name": Bound(MAX_ID_CHARS, "a file name", printable=True),
     "AdapterFile.sha256": Bound(64, "hex digest", printable=True),
     # CreateRun
-    # prompts are data, stored as sent: checking each of 200,000 would hold the event loop for a
+    # prompts are data, stored as sent: checking each of a million would hold the event loop for a
     # second, so their text and columns are bounded by the CreateRun message's size alone
     "CreateRunRequest.prompts": Bound(MAX_PROMPTS, "prompts of one run (each bounded by the message size)",
                                       entries_unchecked=True, unit="entries"),

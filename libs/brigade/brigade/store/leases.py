@@ -70,6 +70,7 @@ class Leases:
         info = info or pb.WorkerInfo()
         check_worker_info(info)
         ri = await self.runs.get(run)
+        await self.runs.load_prompts(ri)  # before granting: a lease is never handed out without its batch
         spec = ri.spec
         outcome, *values = await self.scripts.acquire(
             ri.keys, worker=worker, lease_prefix=ri.lease_prefix, lease_ms=ri.lease_ms,

@@ -1,7 +1,12 @@
-"""Runs: creating one, and the immutable part of each (spec and prompts) cached per process."""
+"""Runs: creating one, and the immutable part of each (spec and prompts) cached per process.
+
+Touching a run (GetRun, ListRuns, heartbeats, pulls, sweeps) reads its spec and prompt count
+only; the prompts themselves are read once per process, by the first lease that needs them
+(concurrent first leases share that one read), in chunks, and decoded off the event loop."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import math
 import random
@@ -21,15 +26,20 @@ from brigade.store.scripts import Scripts, text
 from brigade.v1 import brigade_pb2 as pb
 
 log = structlog.get_logger()
+PROMPT_CHUNK = 10_000  # prompts per LRANGE: a big prompt set never blocks Redis in one command
+STAGE_CHUNK = 20_000   # prompts per pipeline when a run is created
 
 
 class RunInfo:
-    """The immutable part of a run (spec and prompts), cached per process."""
+    """The immutable part of a run (spec and prompt count; the prompts once loaded), cached per process."""
 
-    def __init__(self, spec: pb.RunSpec, spec_bytes: bytes, prompts: list[pb.Prompt]):
+    def __init__(self, spec: pb.RunSpec, spec_bytes: bytes, prompts: list[pb.Prompt] | None = None, *,
+                 num_prompts: int | None = None):
         self.spec = spec
         self.spec_bytes = spec_bytes
-        self.prompts = prompts
+        self.prompts = prompts  # None until Runs.load_prompts
+        self.num_prompts = len(prompts) if num_prompts is None and prompts is not None else num_prompts or 0
+        self._loading: asyncio.Future | None = None
         self.run = spec.run_id
         self.keys = keys.RunKeys(self.run)
         self.lease_prefix = self.keys.lease("")
@@ -37,7 +47,7 @@ class RunInfo:
         self.lease_ms = max(1, st.lease_seconds) * 1000
         self.max_attempts = max(1, st.max_attempts)
         self.max_staleness = st.max_staleness
-        self.batches_per_epoch = max(1, math.ceil(len(prompts) / max(1, spec.prompts_per_batch)))
+        self.batches_per_epoch = max(1, math.ceil(self.num_prompts / max(1, spec.prompts_per_batch)))
         self.total_batches = spec.epochs * self.batches_per_epoch  # 0 = unbounded
         self.capacity = max(1, spec.batches_per_step) * (st.max_staleness + 1)
         # a lease hash outlives its lease; once expired/revoked it stays a while so the worker
@@ -55,7 +65,7 @@ class RunInfo:
         if perm is None:
             digest = hashlib.sha256(f"brigade-epoch\0{self.spec.seed}\0{epoch}".encode()).digest()
             rng = random.Random(int.from_bytes(digest[:8], "big"))
-            perm = list(range(len(self.prompts)))
+            perm = list(range(self.num_prompts))
             for i in range(len(perm) - 1, 0, -1):
                 j = int(rng.random() * (i + 1))
                 perm[i], perm[j] = perm[j], perm[i]
@@ -65,6 +75,7 @@ class RunInfo:
         return perm
 
     def batch(self, batch_id: str) -> pb.PromptBatch:
+        """The batch's prompts; needs them loaded (Runs.load_prompts)."""
         _, epoch, index = keys.parse_batch_id(batch_id)
         ppb = max(1, self.spec.prompts_per_batch)
         order = self.permutation(epoch)[index * ppb:(index + 1) * ppb]
@@ -89,7 +100,7 @@ class Runs:
         return [r for r in found if RUN_ID_RE.fullmatch(r)]
 
     async def get(self, run: str) -> RunInfo:
-        """The cached spec and prompts of `run`; NotFound with the known runs if there is none."""
+        """The cached spec of `run` (prompts not loaded); NotFound with the known runs if there is none."""
         info = self._cache.get(run)
         if info is not None:
             return info
@@ -97,40 +108,63 @@ class Runs:
         k = keys.RunKeys(run)
         async with self.redis.pipeline(transaction=False) as p:
             p.get(k.spec)
-            p.lrange(k.prompts, 0, -1)
-            spec_bytes, prompt_list = await p.execute()
+            p.llen(k.prompts)
+            spec_bytes, num_prompts = await p.execute()
         if not spec_bytes:
             known = await self.ids()
             shown = ", ".join(known[:20]) + (", ..." if len(known) > 20 else "") if known else "none"
             raise NotFound(f"no run {short(run)} (known: {shown})")
-        spec = pb.RunSpec.FromString(spec_bytes)
-        prompts = [pb.Prompt.FromString(b) for b in prompt_list]
-        info = RunInfo(spec, spec_bytes, prompts)
-        self._cache[run] = info
+        info = self._cache.setdefault(run, RunInfo(pb.RunSpec.FromString(spec_bytes), spec_bytes,
+                                                   num_prompts=int(num_prompts)))
         return info
+
+    async def load_prompts(self, info: RunInfo) -> list[pb.Prompt]:
+        """The run's prompts, read from Redis once per process however many callers ask at once."""
+        if info.prompts is not None:
+            return info.prompts
+        if info._loading is None or (info._loading.done() and info._loading.exception() is not None):
+            info._loading = asyncio.ensure_future(self._read_prompts(info))
+        info.prompts = await asyncio.shield(info._loading)
+        return info.prompts
+
+    async def _read_prompts(self, info: RunInfo) -> list[pb.Prompt]:
+        raw: list[bytes] = []
+        for start in range(0, info.num_prompts, PROMPT_CHUNK):
+            raw += await self.redis.lrange(info.keys.prompts, start, start + PROMPT_CHUNK - 1)
+        # parsed as one PromptBatch: a million separate FromString calls take a minute, one takes 0.2 s
+        batch = await asyncio.to_thread(lambda: pb.PromptBatch.FromString(prompt_bundle(info.run, raw)))
+        return await asyncio.to_thread(lambda: [p for p in batch.prompts])  # noqa: C416 - see prompt_bundle
 
     async def exists(self, run: str) -> bool:
         return run in self._cache or bool(await self.redis.exists(keys.RunKeys(run).spec))
 
-    async def create(self, spec: pb.RunSpec, prompts: Sequence[pb.Prompt], exist_ok: bool = False) -> bool:
+    async def create(self, spec: pb.RunSpec, prompts: Sequence[pb.Prompt], exist_ok: bool = False,
+                     encoded: Sequence[bytes] | None = None) -> bool:
         """Store the spec and prompts and create the consumer groups. True if created, False if
-        an identical run existed and exist_ok; AlreadyExists for a different spec."""
-        check_run_spec(spec, prompts)
+        an identical run existed and exist_ok; AlreadyExists for a different spec. `encoded`: the
+        prompts' deterministic bytes, when the caller has them already."""
+        # checking and encoding a million prompts takes seconds: off the event loop
+        await asyncio.to_thread(check_run_spec, spec, prompts)
         run = spec.run_id
         k = keys.RunKeys(run)
         spec_bytes = spec.SerializeToString(deterministic=True)
         existing = await self.redis.get(k.spec)
         if existing is None:
-            # the prompts may be many MB: staged in batches, then renamed in place by the script
+            if encoded is None:
+                encoded = await asyncio.to_thread(lambda: [x.SerializeToString(deterministic=True) for x in prompts])
+            # the prompts may be many MB: staged in batches, then renamed in place by the script; one
+            # round trip per STAGE_CHUNK prompts, so packing a million of them never holds the event loop
             staged = f"{k.prompts}:tmp:{uuid.uuid4().hex}"
-            async with self.redis.pipeline(transaction=False) as p:
-                for i in range(0, len(prompts), 1000):
-                    p.rpush(staged, *(x.SerializeToString(deterministic=True) for x in prompts[i:i + 1000]))
-                p.pexpire(staged, 600_000)
-                await p.execute()
+            for start in range(0, len(encoded), STAGE_CHUNK):
+                async with self.redis.pipeline(transaction=False) as p:
+                    for i in range(start, min(start + STAGE_CHUNK, len(encoded)), 1000):
+                        p.rpush(staged, *encoded[i:i + 1000])
+                    p.pexpire(staged, 600_000)  # from the first push on: a push refused half-way leaves no orphan
+                    await p.execute()
             outcome, *rest = await self.scripts.create_run(
                 k, staged=staged, runs=keys.RUNS_SET, spec_bytes=spec_bytes, run=run, now=int(time.time() * 1000), max_runs=MAX_RUNS)
             if text(outcome) == "created":
+                self._cache[run] = RunInfo(spec, spec_bytes, list(prompts))
                 return True
             existing = rest[0]
         if existing == spec_bytes:
@@ -138,3 +172,24 @@ class Runs:
                 return False
             raise AlreadyExists(f"run {run!r} already exists (pass exist_ok to accept an identical spec)")
         raise AlreadyExists(f"run {run!r} already exists with a different spec; pick a new run_id")
+
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+_PROMPTS_TAG = _varint(pb.PromptBatch.PROMPTS_FIELD_NUMBER << 3 | 2)  # length-delimited
+
+
+def prompt_bundle(run: str, encoded: Sequence[bytes]) -> bytes:
+    """PromptBatch(run_id=run, prompts=...) serialized deterministically, from each prompt's bytes,
+    piece by piece: one protobuf call over a million prompts (building, serializing or list() of the
+    repeated field) holds the GIL, and so the event loop, for seconds."""
+    head = pb.PromptBatch(run_id=run).SerializeToString(deterministic=True)
+    return head + b"".join(_PROMPTS_TAG + _varint(len(b)) + b for b in encoded)

@@ -6,6 +6,7 @@ Each script file declares its keys and arguments in its header:
     -- ARGV: worker lease_ms ids...
 
 (several `-- ARGV:` lines add up; a last name ending in `...` takes the rest of ARGV as a list).
+A script that must run when Redis is full also says `-- FLAGS: allow-oom`.
 The loader prepends generated Lua that binds them by name, `K.work`, `A.worker`, `A.ids`, the
 constants below, and `common.lua`. Callers pass every name as a keyword argument; a key named
 like a `RunKeys` property (work, events, stats...) may instead come from the run's keys, passed
@@ -13,6 +14,14 @@ first. A missing or unknown name is a ValueError before Redis is called.
 
 Every script answers `{'ok', value...}` or `{'err', kind, message}`; `Script.__call__` returns
 the values and raises the refusal as a StoreError.
+
+A full Redis (used memory over maxmemory, noeviction): every script is loaded with a `#!lua`
+shebang (Redis 7), so Redis decides before the script runs. One without `allow-oom` (it grows the
+state: acquire, complete, create_run, publish) is refused whole with an OOM error, which the proxy
+answers as a transient RESOURCE_EXHAUSTED; one with it (heartbeats, failures, acks, the janitor's
+sweeps and lock: what keeps leases alive and what frees memory) runs whole. Without the shebang,
+Redis would refuse only a script's first memory-growing write, and let one whose first write was
+another kind (XREADGROUP creating a consumer) grow on past the limit.
 """
 
 from __future__ import annotations
@@ -39,6 +48,8 @@ CONSTANTS = {
 }
 
 _HEADER = re.compile(r"^-- (KEYS|ARGV):(.*)$", re.MULTILINE)
+_FLAGS = re.compile(r"^-- FLAGS:(.*)$", re.MULTILINE)
+SCRIPT_FLAGS = {"allow-oom"}
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
@@ -146,7 +157,11 @@ class Script:
         self.name = name
         self.declaration = Declaration.parse(name, own)
         constants = "".join(f"local {k} = {_lua_literal(v)}\n" for k, v in CONSTANTS.items())
-        self.source = constants + self.declaration.prelude() + read_source("common") + own
+        flags = [f for line in _FLAGS.findall(own) for f in line.split()]
+        if set(flags) - SCRIPT_FLAGS:
+            raise ValueError(f"{name}.lua: unknown flags {sorted(set(flags) - SCRIPT_FLAGS)}")
+        shebang = "#!lua" + (f" flags={','.join(flags)}" if flags else "") + "\n"
+        self.source = shebang + constants + self.declaration.prelude() + read_source("common") + own
         self.sha = hashlib.sha1(self.source.encode()).hexdigest()
         self._fast = fast
         self._script = client.register_script(self.source)

@@ -56,7 +56,7 @@ class Views:
             rejected=stats.get("rejected", 0), revoked=stats.get("revoked", 0), expired=stats.get("expired", 0),
             deadlettered=dead, stale_removed=stats.get("stale_removed", 0),
             duplicates=stats.get("duplicates", 0), created_ms=stats.get("created_ms", 0),
-            num_prompts=len(info.prompts), finished=finished,
+            num_prompts=info.num_prompts, finished=finished,
         )
 
     async def list_leases(self, run: str) -> list[pb.LeaseInfo]:

@@ -2,6 +2,7 @@
 -- move the learner step forward, keep the step's metrics.
 -- KEYS: rollouts consumed rejected learner_step metrics stats events completed
 -- ARGV: step metrics_json n_deliveries n_consumed learner batches_per_step max_advance max_steps metrics_maxlen ids...
+-- FLAGS: allow-oom
 -- Reply: {'ok', acked, consumed, rejected} | {'err', kind, message}
 -- ids: n_deliveries delivery ids, then n_consumed consumed batch ids, then the rejected batch ids.
 -- A step is at most one commit ahead of the stored step (`max_advance` = checkpoint_every), or what

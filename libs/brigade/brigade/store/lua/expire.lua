@@ -2,6 +2,7 @@
 -- XAUTOCLAIM under the consumer name 'janitor'.
 -- KEYS: work deadletter stats events
 -- ARGV: min_idle_ms cursor count max_attempts lease_prefix keep_ms
+-- FLAGS: allow-oom
 -- Reply: {'ok', next cursor ('' = done), expired, dead-lettered}
 local start = A.cursor
 if start == '' then start = '0-0' end

@@ -1,6 +1,7 @@
 -- A worker gives a lease back: requeue the batch, or dead-letter it after max_attempts failures.
 -- KEYS: lease work deadletter stats events
 -- ARGV: lease_id worker counted max_attempts reason kind
+-- FLAGS: allow-oom
 -- Reply: {'ok', next attempt (0 = dead-lettered)} | {'err', kind, message}
 -- counted '1' = the failure counts toward max_attempts (ERROR), '0' = it does not (PREEMPTED).
 local id, worker = A.lease_id, A.worker

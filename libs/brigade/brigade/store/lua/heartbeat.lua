@@ -1,6 +1,7 @@
 -- Extend a lease, or say why it is no longer the worker's.
 -- KEYS: lease work adapter_latest workers
 -- ARGV: lease_id worker lease_ms lease_ttl_ms
+-- FLAGS: allow-oom
 -- Reply: {'ok', 'ok' | 'lost' | 'revoked', message, deadline_ms, latest version}
 local id, worker = A.lease_id, A.worker
 local latest = tonumber(redis.call('GET', K.adapter_latest) or '0')

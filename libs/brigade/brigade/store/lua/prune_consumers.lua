@@ -6,6 +6,7 @@
 -- too, and stats.workers (the per-run cap's count) goes down.
 -- KEYS: stream workers stats
 -- ARGV: group forget_workers names...
+-- FLAGS: allow-oom
 -- Reply: {'ok', consumers removed}
 local removed = 0
 for _, name in ipairs(A.names) do

@@ -3,6 +3,7 @@
 -- its to consume or reject, so a batch never ends both.
 -- KEYS: rollouts adapter_latest rejected stats events
 -- ARGV: max_staleness cursor count
+-- FLAGS: allow-oom
 -- Reply: {'ok', next cursor ('' = done; the first call passes '' = after the last delivered entry), removed}
 local latest = tonumber(redis.call('GET', K.adapter_latest) or '0')
 local ms = tonumber(A.max_staleness)

@@ -2,6 +2,7 @@
 -- behind the latest.
 -- KEYS: work adapter_latest deadletter stats events
 -- ARGV: max_staleness cursor count max_attempts lease_prefix keep_ms
+-- FLAGS: allow-oom
 -- Reply: {'ok', next cursor ('' = done), revoked, dead-lettered}
 local latest = tonumber(redis.call('GET', K.adapter_latest) or '0')
 local ms = tonumber(A.max_staleness)
