@@ -15,7 +15,7 @@ COPY libs/brigade_cli/pyproject.toml libs/brigade_cli/
 COPY services/learner/pyproject.toml services/learner/
 COPY services/rollout/pyproject.toml services/rollout/
 COPY services/evaluator/pyproject.toml services/evaluator/
-RUN python requirements.py "libs/brigade[ml]" "libs/brigade_cli[plots]" services/learner services/rollout \
+RUN python requirements.py "libs/brigade[ml,hf]" "libs/brigade_cli[plots]" services/learner services/rollout \
       services/evaluator > requirements.txt \
  && pip install -c constraints.txt -r requirements.txt
 # Then the code itself, with no dependency left to resolve.

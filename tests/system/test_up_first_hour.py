@@ -37,10 +37,10 @@ def test_mistakes_are_named_before_anything_starts(tmp_path):
     assert time.monotonic() - t0 < 30
     lines = proc.stderr.strip().splitlines()
     assert lines[0].startswith("error: model: no folder ./no-such-model")
-    assert any(line.startswith("dataset: cannot read prompt set prompts.jsonl") and "working directory" in line
+    assert any(line.startswith("dataset 'prompts.jsonl': no such file") and "working directory" in line
                for line in lines), lines
-    assert any(line.startswith("eval_dataset: cannot read prompt set held.jsonl") for line in lines), lines
-    assert any(line.startswith("rewards[0].function:") and "mymodule" in line and "PYTHONPATH" in line
+    assert any(line.startswith("eval: dataset 'held.jsonl': no such file") for line in lines), lines
+    assert any(line.startswith("rewards[0]:") and "mymodule" in line and "PYTHONPATH" in line
                for line in lines), lines
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "brigade-runs").exists()  # nothing was started or written

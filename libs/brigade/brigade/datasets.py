@@ -115,7 +115,8 @@ def read_rows(name: str, split: str = "train", config: str = "") -> list[dict[st
     if path.is_dir():
         return _read_folder(name, path, split)
     if path.suffix in SUFFIXES or name.startswith((".", "/", "~")):
-        raise DatasetError(f"dataset {name!r}: no such file or folder")
+        raise DatasetError(f"dataset {name!r}: no such file or folder (paths are relative to the working "
+                           f"directory, {Path.cwd()}, not to the spec file)")
     return _read_hub(name, split, config)
 
 

@@ -117,7 +117,8 @@ def resolve(name: str, kwargs_json: str = "", **model_options) -> Callable[..., 
     try:
         fn = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as e:
-        raise ValueError(f"reward function {name!r} cannot be imported: {e}; install its package or fix the path") from e
+        raise ValueError(f"reward function {name!r} cannot be imported: {e}; install its package, or make its "
+                         f"module importable from the working directory or PYTHONPATH") from e
     if kwargs_json:
         try:
             fn = fn(**json.loads(kwargs_json))
