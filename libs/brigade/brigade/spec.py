@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf import json_format
+from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from brigade.config import ConfigError
@@ -183,7 +184,39 @@ def assign(holder: Message, name: str, value: Any, as_json: bool = False) -> Non
     `as_json` field); ParseError if it does not parse as the field's type."""
     if as_json and not isinstance(value, str):  # a mapping; anything else is refused by Field.problem
         value = json.dumps(value, default=str)
+    field = holder.DESCRIPTOR.fields_by_name[name]
+    # protobuf's own messages for these read "repeated field ... must be in [] which is 5" and
+    # "invalid literal for int()": say it in the file's terms instead
+    if field.is_repeated and not isinstance(value, list):
+        raise json_format.ParseError(f"must be a list, got {type(value).__name__} {short_repr(str(value))}")
+    if not field.is_repeated and field.message_type is None and isinstance(value, list | dict):
+        raise json_format.ParseError(f"must be a single value, got a {type(value).__name__}")
+    kind = _NUMBER_KINDS.get(field.cpp_type)
+    if kind and not _parses_as(kind, value):
+        raise json_format.ParseError(f"{short_repr(str(value))} is not {kind}")
     json_format.ParseDict({name: value}, holder)
+
+
+_NUMBER_KINDS = {
+    FieldDescriptor.CPPTYPE_INT32: "an integer", FieldDescriptor.CPPTYPE_INT64: "an integer",
+    FieldDescriptor.CPPTYPE_UINT32: "an integer", FieldDescriptor.CPPTYPE_UINT64: "an integer",
+    FieldDescriptor.CPPTYPE_FLOAT: "a number", FieldDescriptor.CPPTYPE_DOUBLE: "a number",
+    FieldDescriptor.CPPTYPE_BOOL: "true or false",
+}
+
+
+def _parses_as(kind: str, value: Any) -> bool:
+    """YAML reads `1e-4` as a string, and protobuf's JSON mapping takes numbers as strings: so a
+    string is fine where it parses as the number (ranges are checked later, by validation)."""
+    if kind == "true or false":
+        return not isinstance(value, str)
+    if isinstance(value, bool) or not isinstance(value, str):
+        return not isinstance(value, bool)
+    try:
+        int(value) if kind == "an integer" else float(value)
+    except ValueError:
+        return False
+    return True
 
 
 def _unset(holder: Message, name: str) -> bool:
