@@ -46,8 +46,16 @@ class _Wandb:
         self.dir = directory
         # the run id is the brigade run id and resume is allowed: a restarted learner continues the
         # run; the evaluator plots against its own step axis (W&B needs each axis to only grow)
+        # the transaction log is flushed often (default: every 15 s): what a SIGKILL can lose is only
+        # what arrived in the last fraction of a second, and a restart reads the rest back offline
+        settings = wandb.Settings(x_transaction_log_flush_interval=0.2)
+        if role == "evaluator" and os.environ.get("WANDB_MODE", "online") not in ("offline", "disabled"):
+            # a second writer of the learner's run: W&B's shared mode (offline, its own run folder
+            # with the same id, which `wandb sync` merges)
+            settings = wandb.Settings(mode="shared", x_primary=False, x_label="evaluator",
+                                      x_update_finish_state=False)
         self.run = wandb.init(project=PROJECT, id=run_id, name=run_id, resume="allow", config=config, dir=directory,
-                              job_type=role, reinit="create_new")
+                              job_type=role, reinit="create_new", settings=settings)
         self.run.define_metric("eval/step")
         self.run.define_metric("eval/*", step_metric="eval/step")
         self.run_id = run_id
@@ -60,10 +68,10 @@ class _Wandb:
         return max((max(wandb_offline_steps(p), default=0) for p in files), default=0)
 
     def log(self, values: dict[str, float], step: int) -> None:
-        self.run.log(values, step=step)
+        self.run.log(values, step=step, commit=True)  # without commit W&B holds a step until the next
 
     def log_eval(self, values: dict[str, float], step: int) -> None:
-        self.run.log({**{f"eval/{k}": v for k, v in values.items()}, "eval/step": step})
+        self.run.log({**{f"eval/{k}": v for k, v in values.items()}, "eval/step": step}, commit=True)
 
     def close(self) -> None:
         self.run.finish()
@@ -112,9 +120,19 @@ class _Trackio:
 
     def log(self, values: dict[str, float], step: int) -> None:
         self.run.log(values, step=step)
+        self._flush()
 
     def log_eval(self, values: dict[str, float], step: int) -> None:
         self.run.log({f"eval/{k}": v for k, v in values.items()}, step=step)
+        self._flush()
+
+    def _flush(self) -> None:
+        # trackio writes its SQLite store from a thread every 0.5 s: a step committed just before
+        # a SIGKILL would be lost, so write it now (trackio has no public flush)
+        flush, lock = getattr(self.run, "_flush_queues_inline", None), getattr(self.run, "_client_lock", None)
+        if flush is not None and lock is not None:
+            with lock:
+                flush()
 
     def close(self) -> None:
         with _quiet("trackio"):

@@ -163,6 +163,7 @@ class Learner:
         # never reuse a version number: continue after whatever is newest anywhere
         self.state.version = max(self.state.version, proxy_latest)
         self.prefetch.consumed = self.state.consumed
+        prom.STEP.set(self.state.step)
 
     async def _replay_tail(self) -> None:
         """Redo what the checkpointed step may not have finished: every part is idempotent."""
