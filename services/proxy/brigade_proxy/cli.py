@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from brigade.options import DEFAULTS, BucketUrl, Listen, LogLevel, RedisUrl, Token
+from brigade.options import DEFAULTS, BucketUrl, Listen, LogLevel, MetricsPort, RedisUrl, Token
 
 TlsCert = Annotated[str, typer.Option("--tls-cert", envvar="BRIGADE_TLS_CERT", help="Server certificate (PEM); TLS when set.")]
 TlsKey = Annotated[str, typer.Option("--tls-key", envvar="BRIGADE_TLS_KEY", help="Server private key (PEM).")]
@@ -28,6 +28,7 @@ def proxy(
     log_level: LogLevel = DEFAULTS.log_level,
     grace: Grace = 5.0,
     pipelined: Pipelined = True,
+    metrics_port: MetricsPort = 0,
 ) -> None:
     """The lease proxy: hands out prompt batches, takes rollout manifests, feeds the learner.
 
@@ -46,7 +47,7 @@ def proxy(
 
     try:
         asyncio.run(serve(listen, redis_url, bucket_url=bucket, token=token, tls_cert=tls_cert, tls_key=tls_key,
-                          grace=grace, pipelined=pipelined))
+                          grace=grace, pipelined=pipelined, metrics_port=metrics_port))
     except (RuntimeError, ValueError, OSError) as e:  # the address is taken, a bad bucket URL, unreadable TLS files
         typer.echo(f"brigade proxy: {e}", err=True)
         raise typer.Exit(1) from None

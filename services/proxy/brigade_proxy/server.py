@@ -33,6 +33,7 @@ from brigade.store import AlreadyExists, InvalidArgument, NotFound, Store, Store
 from brigade.store.checks import check_manifest_worker, check_run_spec, check_wire
 from brigade.v1 import brigade_pb2 as pb
 from brigade.v1 import brigade_pb2_grpc as pbg
+from brigade_proxy.metrics import RpcMetrics, start_metrics
 
 log = structlog.get_logger("brigade.proxy")
 
@@ -382,7 +383,7 @@ async def start_server(
     if bucket is None and bucket_url:
         bucket = await open_bucket_or_none(bucket_url)
     proxy = Proxy(store, bucket, bucket_url, owns_bucket=owns_bucket)
-    interceptors = [BearerAuthInterceptor(token)] if token else []
+    interceptors = [RpcMetrics(), *([BearerAuthInterceptor(token)] if token else [])]
     server = grpc.aio.server(interceptors=interceptors, options=[*CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)])
     add_servicer(server, "LeaseService", LeaseServicer(proxy))
     add_servicer(server, "LearnerService", LearnerServicer(proxy))
@@ -416,6 +417,7 @@ async def serve(
     tls_key: str = "",
     grace: float = 5.0,
     pipelined: bool = True,
+    metrics_port: int = 0,
 ) -> None:
     """Run a proxy until SIGTERM or SIGINT, then drain in-flight calls for up to `grace` seconds."""
     started = time.monotonic()
@@ -431,6 +433,7 @@ async def serve(
     log.info("proxy listening", listen=listen, port=running.port, redis=redis_url, redis_ok=redis_ok,
              bucket=bucket_url or None, auth=bool(token), tls=bool(tls_cert),
              startup_ms=round((time.monotonic() - started) * 1000))
+    metrics = start_metrics(metrics_port, running.proxy.store)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -438,4 +441,6 @@ async def serve(
     await stop.wait()
     log.info("proxy stopping", grace_s=grace)
     await running.stop(grace)
+    if metrics is not None:
+        metrics.cancel()
     log.info("proxy stopped")
