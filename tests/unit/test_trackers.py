@@ -9,7 +9,13 @@ import sqlite3
 
 import pytest
 
-from brigade.trackers import open_trackers, parse_report_to, scalars, tensorboard_last_step, wandb_offline_steps
+from brigade.trackers import (
+    open_trackers,
+    parse_report_to,
+    scalars,
+    tensorboard_last_step,
+    wandb_offline_steps,
+)
 
 CONFIG = {"run_id": "r1", "grpo": {"learning_rate": 0.0001}}
 

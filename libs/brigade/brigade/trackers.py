@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import glob
-import io
 import importlib.util
+import io
 import json
 import math
 import os
