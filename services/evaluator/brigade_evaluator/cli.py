@@ -78,8 +78,8 @@ def evaluator(
     child = None
     if worker:
         # SimpleWorker: jobs run in the worker process, so the base model loads once, not per job
-        child = subprocess.Popen([sys.executable, "-m", "rq.cli", "worker", "--url", redis_url, "--quiet",
-                                  "--worker-class", "rq.worker.SimpleWorker", eval_queue(run)], env=os.environ,
+        child = subprocess.Popen([sys.executable, "-m", "brigade.rq_worker", "--url", redis_url, "--quiet",
+                                  "--service", "evaluator", "--simple", eval_queue(run)], env=os.environ,
                                  preexec_fn=die_with_parent)
     try:
         asyncio.run(watch(redis_url, bucket, run, log))
