@@ -50,3 +50,30 @@ def test_service_serves_metrics(service, args, ready, redis_url):
     finally:
         proc.terminate()
         proc.wait(20)
+
+
+def test_dashboard_and_scrape_config_name_what_the_services_serve():
+    import json
+    import re
+    from pathlib import Path
+
+    import yaml
+    from prometheus_client import REGISTRY
+
+    import brigade_evaluator.cli  # noqa: F401  (each registers its metrics on import)
+    import brigade_janitor.metrics  # noqa: F401
+    import brigade_learner.metrics  # noqa: F401
+    import brigade_proxy.metrics  # noqa: F401
+    import brigade_rollout.metrics  # noqa: F401
+
+    root = Path(__file__).resolve().parents[2]
+    served = {s.name for family in REGISTRY.collect() for s in family.samples}
+    served |= {f.name + {"counter": "_total", "histogram": "_bucket"}.get(f.type, "") for f in REGISTRY.collect()}
+    from brigade_proxy.metrics import _COUNTERS, _GAUGES  # the run-state families appear once a run exists
+
+    served |= {name for name, _ in _GAUGES.values()} | {name + "_total" for name, _ in _COUNTERS.values()}
+    dashboard = json.loads((root / "deploy/grafana/brigade-dashboard.json").read_text())
+    used = {m for p in dashboard["panels"] for t in p["targets"] for m in re.findall(r"brigade_[a-z_]+", t["expr"])}
+    assert used and used - served == set(), f"the dashboard queries metrics nobody serves: {sorted(used - served)}"
+    scrape = yaml.safe_load((root / "deploy/prometheus/prometheus.yml").read_text())
+    assert {j["job_name"] for j in scrape["scrape_configs"]} >= {"brigade-compose", "brigade-kubernetes"}

@@ -145,6 +145,7 @@ class LocalSystem:
                    BRIGADE_PROXY=self.proxy, BRIGADE_LISTEN=self.proxy, BRIGADE_TOKEN=self.token,
                    **json_env())  # JSON lines only: grpc-core and tqdm silenced before they load
         env.setdefault("OMP_NUM_THREADS", "1")  # N torch processes on a few cores: one thread each
+        env.pop("BRIGADE_METRICS_PORT", None)  # one port for every service on one machine: they would collide
         if self.run:
             env["BRIGADE_RUN"] = self.run
         if self.moto is not None:
