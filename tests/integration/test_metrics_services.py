@@ -77,3 +77,25 @@ def test_dashboard_and_scrape_config_name_what_the_services_serve():
     assert used and used - served == set(), f"the dashboard queries metrics nobody serves: {sorted(used - served)}"
     scrape = yaml.safe_load((root / "deploy/prometheus/prometheus.yml").read_text())
     assert {j["job_name"] for j in scrape["scrape_configs"]} >= {"brigade-compose", "brigade-kubernetes"}
+
+
+def test_proxy_process_serves_metrics(redis_url):
+    """`brigade proxy --metrics-port`: the health checks a container runtime makes are counted too."""
+    port, grpc_port = free_port(), free_port()
+    env = dict(os.environ, BRIGADE_METRICS_PORT=str(port), BRIGADE_LOG_FORMAT="json")
+    proc = subprocess.Popen([sys.executable, "-m", "brigade_cli.main", "proxy", "--listen", f"127.0.0.1:{grpc_port}",
+                             "--redis-url", redis_url, "--bucket", ""], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def health_checked(samples: dict) -> bool:
+        if samples.get("brigade_proxy_rpcs_total", 0) >= 1:
+            return True
+        subprocess.run([sys.executable, "-m", "brigade.healthcheck", f"127.0.0.1:{grpc_port}"],
+                       capture_output=True, timeout=30)
+        return False
+
+    try:
+        scrape_when_up(proc, port, health_checked)
+    finally:
+        proc.terminate()
+        proc.wait(20)
