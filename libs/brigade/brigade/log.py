@@ -50,7 +50,9 @@ def configure_logging(service: str, level: str = "info", json: bool | None = Non
         cache_logger_on_first_use=False,
     )
     structlog.contextvars.bind_contextvars(service=service)
-    _route_stdlib(renderer, shared, max(numeric, logging.INFO) if json else numeric)
+    # libraries' own info lines (botocore's credentials, httpx's requests) stay out, as before they
+    # were routed; --log-level debug lets everything through
+    _route_stdlib(renderer, shared, numeric if numeric <= logging.DEBUG else max(numeric, logging.WARNING))
     if json:
         for k, v in _QUIET_ENV.items():
             os.environ.setdefault(k, v)
