@@ -91,14 +91,16 @@ async def _evaluate(run: str, version: int, bucket_url: str, redis_url: str) -> 
 
 
 def _tracked(run: str, spec):
-    """The run's trackers, opened once per worker process, at the learner's tracker folder."""
+    """The run's trackers, opened once per worker process, at the learner's tracker folder; the
+    learner's override (BRIGADE_REPORT_TO) applies here too."""
     import os
 
     from brigade.spec_file import spec_to_dict
-    from brigade.trackers import open_trackers
+    from brigade.trackers import open_trackers, parse_report_to
 
     if run not in _trackers:
-        _trackers[run] = open_trackers(spec.report_to, run, spec_to_dict(spec),
+        names = parse_report_to(os.environ.get("BRIGADE_REPORT_TO", ""))
+        _trackers[run] = open_trackers(spec.report_to if names is None else names, run, spec_to_dict(spec),
                                        os.environ.get("BRIGADE_TRACKER_DIR", "trackers"), role="evaluator")
     return _trackers[run]
 
