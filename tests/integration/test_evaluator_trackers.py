@@ -4,8 +4,6 @@ step of the adapter it scored, once per version even when the job is retried."""
 from __future__ import annotations
 
 import importlib.util
-import json
-import sqlite3
 import uuid
 
 import pytest
@@ -47,10 +45,11 @@ async def test_evaluator_logs_each_score_once(tmp_path, redis_url, file_bucket_u
         scores = acc.Tensors("eval/reward_mean")
         assert [e.step for e in scores] == [2]
         assert "eval/reward/demo_sum" in acc.Tags()["tensors"]
-    if "trackio" in TRACKERS:
-        db = sqlite3.connect(tmp_path / "trackio" / "brigade.db")
-        rows = [json.loads(m) for (m,) in db.execute("SELECT metrics FROM metrics WHERE run_name = ?", (run,))]
-        assert [r["eval/reward_mean"] for r in rows] == [pytest.approx(result["reward_mean"])]
+    if "trackio" in TRACKERS:  # trackio reads TRACKIO_DIR once, at import: ask it where it keeps the run
+        from trackio.sqlite_storage import SQLiteStorage
+
+        rows = SQLiteStorage.get_logs("brigade", run)
+        assert [(r["step"], r["eval/reward_mean"]) for r in rows] == [(2, pytest.approx(result["reward_mean"]))]
     if "wandb" in TRACKERS:
         files = list((tmp_path / "trackers" / "wandb").glob(f"offline-run-*-{run}/run-{run}.wandb"))
         assert len(files) == 1 and wandb_offline_steps(str(files[0])) == []  # eval/* only: not learner steps

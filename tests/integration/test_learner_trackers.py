@@ -63,6 +63,9 @@ async def test_trackers_hold_every_step_once_across_restarts(tmp_path, redis_url
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.setenv("TRACKIO_DIR", str(tmp_path / "trackio"))
+    # a wandb service this test process started (WANDB_SERVICE) must not be shared with the learners:
+    # a SIGKILLed learner's run would stay "in use" there
+    monkeypatch.delenv("WANDB_SERVICE", raising=False)
     server = await start_server(redis_url, "127.0.0.1:0", bucket_url=file_bucket_url)
     addr = f"127.0.0.1:{server.port}"
     stop = asyncio.Event()

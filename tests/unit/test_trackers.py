@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import sqlite3
 
 import pytest
 
@@ -89,11 +88,11 @@ def test_wandb_offline_resumes_without_duplicates(offline):
 @need("trackio")
 def test_trackio_resumes_without_duplicates(offline):
     log_twice(["trackio"], str(offline))
-    db = sqlite3.connect(offline / "trackio" / "brigade.db")
-    rows = db.execute("SELECT step, metrics FROM metrics WHERE run_name = 'r1' ORDER BY step").fetchall()
-    learner = [s for s, m in rows if "loss" in json.loads(m)]
-    assert learner == [1, 2, 3, 4, 5]
-    assert [s for s, m in rows if "eval/reward_mean" in json.loads(m)] == [4]
+    from trackio.sqlite_storage import SQLiteStorage  # trackio reads TRACKIO_DIR once, at import
+
+    rows = sorted(SQLiteStorage.get_logs("brigade", "r1"), key=lambda r: r["step"])
+    assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3, 4, 5]
+    assert [r["step"] for r in rows if "eval/reward_mean" in r] == [4]
 
 
 def test_missing_tracker_is_a_hint_not_a_failure(offline, monkeypatch, capsys):
