@@ -80,6 +80,11 @@ def sizing(delay: DelayModel, margin: float) -> float:
     return margin * BATCHES_PER_STEP / capacity
 
 
+def _sem(values: list[float]) -> float:
+    """Standard error of the mean; 0 for a single value."""
+    return statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else 0.0
+
+
 def _plots(out: Path, res: dict, quick: bool) -> dict[str, str]:
     import matplotlib
 
@@ -93,11 +98,17 @@ def _plots(out: Path, res: dict, quick: bool) -> dict[str, str]:
         steps = [m["step"] for m in r["metrics"]]
         reward = [m.get("reward_mean", float("nan")) for m in r["metrics"]]
         wall = [m["time_unix"] - r["t_go"] for m in r["metrics"]]
-        axes[0].plot(steps, reward, "-o", ms=3, color=colors[mode], label=mode)
-        axes[1].plot(wall, reward, "-o", ms=3, color=colors[mode], label=mode)
+        # each point averages a step's samples: a band of one standard error (std / sqrt(samples))
+        err = [m.get("reward_std", 0.0) / max(m.get("accepted_samples", 1), 1) ** 0.5 for m in r["metrics"]]
+        for ax, x in ((axes[0], steps), (axes[1], wall)):
+            ax.plot(x, reward, "-o", ms=3, color=colors[mode], label=mode)
+            ax.fill_between(x, [y - e for y, e in zip(reward, err, strict=True)],
+                            [y + e for y, e in zip(reward, err, strict=True)], color=colors[mode], alpha=0.2, lw=0)
         versions = sorted(v for v in r["by_version"] if v < len(r["metrics"]))
-        axes[2].plot(versions, [statistics.fmean(r["by_version"][v]) for v in versions], "-o", ms=3,
-                     color=colors[mode], label=mode)
+        # each point averages the batches one version generated: error bars of one standard error
+        axes[2].errorbar(versions, [statistics.fmean(r["by_version"][v]) for v in versions],
+                         yerr=[_sem(r["by_version"][v]) for v in versions], fmt="-o", ms=3, capsize=2,
+                         color=colors[mode], label=mode)
     axes[0].set_xlabel("learner step (reward of the samples it trained on)")
     axes[1].set_xlabel("wall clock since go (s)")
     axes[2].set_xlabel("adapter version that generated the samples")

@@ -72,3 +72,32 @@ def test_the_cause_of_a_stall_is_the_newest_distinct_warnings(tmp_path):
     svc = Service("rollout-0", "m", [], log, {})
     problems = svc.last_problems(n=2)
     assert problems == ["reward function failed: error=RuntimeError: newest", "ValueError: from a traceback"]
+
+
+def test_live_line_has_step_of_max_eta_and_the_held_out_score(capsys):
+    from brigade_cli.live import Progress, clock, eta_s, live_text
+
+    metrics = [{"step": s, "time_unix": 100.0 + 2 * s, "reward_mean": 0.5, "staleness_mean": 1.0,
+                "rejection_rate": 0.1} for s in range(1, 11)]
+    assert eta_s(metrics, 40) == 60.0  # 30 steps to go at 2 s a step
+    assert eta_s(metrics, 0) is None and eta_s(metrics[:1], 40) is None
+    assert clock(60.0) == "01:00" and clock(3725) == "1:02:05" and clock(None) == "--:--"
+    text = live_text(metrics[-1], 40, 3, 0.625, 60.0)
+    for part in ("step 10/40", "ETA 01:00", "reward 0.500", "held-out 0.625", "staleness 1.00", "rejected 10.0%",
+                 "workers 3"):
+        assert part in text, (part, text)
+    # not a terminal: the plain lines, one per new step, as before
+    p = Progress(40, lambda m, *a: f"plain {m['step']}", lambda ms: 0.0, tty=False)
+    p.show(metrics, 8, 3, None)
+    p.close()
+    assert capsys.readouterr().out.splitlines() == ["plain 9", "plain 10"]
+
+
+def test_live_line_on_a_terminal_redraws_in_place(capsys):
+    from brigade_cli.live import Progress
+
+    p = Progress(5, lambda *a: "plain", lambda ms: 0.0, tty=True)
+    p.show([{"step": 2, "time_unix": 1.0}], 0, 1, None)
+    p.close()
+    out = capsys.readouterr().out
+    assert "step 2/5" in out and "plain" not in out

@@ -19,6 +19,12 @@ Token = Annotated[str, typer.Option("--token", envvar="BRIGADE_TOKEN", help="Bea
 TlsCa = Annotated[str, typer.Option("--tls-ca", envvar="BRIGADE_TLS_CA", help="CA file to verify the proxy's TLS certificate.")]
 Run = Annotated[str, typer.Option("--run", envvar="BRIGADE_RUN", help="Run id.")]
 LogLevel = Annotated[str, typer.Option("--log-level", envvar="BRIGADE_LOG_LEVEL", help="debug, info, warning or error.")]
+MetricsPort = Annotated[int, typer.Option(
+    "--metrics-port", envvar="BRIGADE_METRICS_PORT", min=0,
+    help="Serve Prometheus metrics at http://0.0.0.0:PORT/metrics; 0 = off.")]
+TrackerDir = Annotated[str, typer.Option(
+    "--tracker-dir", envvar="BRIGADE_TRACKER_DIR",
+    help="Folder for the experiment trackers' local files (W&B offline runs, TensorBoard events).")]
 SpecPath = Annotated[str, typer.Option("--spec", envvar="BRIGADE_SPEC", help="Run spec file (YAML or TOML).")]
 
 DEFAULTS = _D

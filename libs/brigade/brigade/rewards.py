@@ -591,7 +591,7 @@ class RqSandbox:
     def start_worker(self) -> None:
         # the rq worker dies with us (PDEATHSIG), so a SIGKILLed rollout worker leaves no orphan
         self.worker = subprocess.Popen(
-            [sys.executable, "-m", "rq.cli", "worker", "--url", self.redis_url, "--quiet",
+            [sys.executable, "-m", "brigade.rq_worker", "--url", self.redis_url, "--quiet", "--service", "rewards",
              "--name", f"{self.queue_name}:{os.uname().nodename}:{os.getpid()}", self.queue_name],
             stdin=subprocess.DEVNULL, preexec_fn=die_with_parent,
         )

@@ -65,8 +65,11 @@ class Field:
             return f"{short_repr(value)} is not a mapping of arguments"
         if self.pattern and not self.pattern.fullmatch(value):
             return f"{short_repr(value)} is not {self.doc}"
-        if self.choices and value not in self.choices:
+        if self.choices and isinstance(value, str) and value not in self.choices:
             return f"{short_repr(value)} is not one of {sorted(self.choices)}"
+        if self.choices and not isinstance(value, str):  # a list of choices
+            if bad := [v for v in value if v not in self.choices]:
+                return f"{short_repr(bad[0])} is not one of {sorted(self.choices)}"
         if isinstance(value, float) and not math.isfinite(value):
             return "must be a finite number"
         if self.bound == "non-empty":
@@ -102,6 +105,9 @@ FIELDS: tuple[Field, ...] = (
     Field("adapter_payload", "bf16", "adapter bytes workers fetch; `int8` halves them for slow links",
           choices=("bf16", "int8")),
     Field("eval_every", 5, "evaluate every N adapter versions; 0 = off"),
+    Field("report_to", [], "experiment trackers the learner's steps and the evaluator's scores go to "
+          "(`pip install 'brigade[wandb]'` etc.); the learner's `--report-to` overrides it",
+          choices=("wandb", "tensorboard", "trackio")),
     Field("sync", False, "barrier mode (the synchronous baseline): a batch for v waits until v is published"),
     Field("lora.rank", 16, "LoRA r", ">= 1"),
     Field("lora.alpha", 32.0, "lora_alpha", "> 0"),

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from brigade.log import json_env
 from brigade_cli.devservers import MOTO_ENV, ServerProcess, free_port, start_moto, start_redis, wait_for_port
 
 # stop order: workers first (they hand their leases back), the learner, then the coordination layer
@@ -142,8 +143,9 @@ class LocalSystem:
     def service_env(self) -> dict[str, str]:
         env = dict(self.base_env, BRIGADE_REDIS_URL=self.redis_url, BRIGADE_BUCKET=self.bucket,
                    BRIGADE_PROXY=self.proxy, BRIGADE_LISTEN=self.proxy, BRIGADE_TOKEN=self.token,
-                   BRIGADE_LOG_FORMAT="json")
+                   **json_env())  # JSON lines only: grpc-core and tqdm silenced before they load
         env.setdefault("OMP_NUM_THREADS", "1")  # N torch processes on a few cores: one thread each
+        env.pop("BRIGADE_METRICS_PORT", None)  # one port for every service on one machine: they would collide
         if self.run:
             env["BRIGADE_RUN"] = self.run
         if self.moto is not None:

@@ -26,6 +26,7 @@ from pathlib import Path
 import typer
 
 from brigade import options
+from brigade_cli.live import Progress
 from brigade_cli.plots import heldout_score
 
 # restarts per service before `up` gives up: a process that keeps dying is broken, not unlucky
@@ -221,6 +222,7 @@ def up(
     started, started_unix = time.monotonic(), time.time()
     state, metrics, evals = None, [], []
     outcome, code, failure, created = "finished", EXIT_FINISHED, None, False
+    progress = None
     try:
         system.start_servers()
         if system.redis is not None:
@@ -244,6 +246,7 @@ def up(
                    f"logs in {system.logs}; `brigade ctl status` shows it")
         # a resumed run: show only the steps trained from now on
         shown, failed_at_step, failing_since = -1 if resume else 0, 0, None
+        progress = Progress(spec.max_steps, progress_line, recent_rate)
         while learner.alive() or learner.crashed():
             if time.monotonic() - started >= max_wall:
                 outcome, code = "max_wall", EXIT_MAX_WALL
@@ -261,9 +264,7 @@ def up(
             if shown < 0:
                 shown, failed_at_step = len(metrics), state.rejected + state.deadlettered
             heldout = next((heldout_score(e) for _, e in reversed(evals)), None)
-            for m in metrics[shown:]:
-                typer.echo(progress_line(m, spec.max_steps, live, recent_rate(metrics[: metrics.index(m) + 1]),
-                                         heldout))
+            progress.show(metrics, shown, live, heldout)
             failed = state.rejected + state.deadlettered
             if len(metrics) > shown:
                 shown, failed_at_step, failing_since = len(metrics), failed, None
@@ -290,6 +291,8 @@ def up(
         outcome, code = "refused", EXIT_BAD_INPUT
         typer.echo(f"error: {e}", err=True)
     finally:
+        if progress is not None:
+            progress.close()
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the ordered stop short
         if created:  # training stopped first, so the last read and the snapshot agree with each other
             system.stop_services(keep=("proxy", "janitor"))

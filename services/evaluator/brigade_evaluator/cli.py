@@ -10,10 +10,12 @@ import subprocess
 import sys
 
 import typer
+from prometheus_client import Counter
 
 from brigade import options
 
 QUEUE = "brigade-evals"
+QUEUED = Counter("brigade_evaluator_evaluations_queued_total", "Evaluation jobs queued (one per evaluated version)")
 
 
 def eval_queue(run: str) -> str:
@@ -49,6 +51,7 @@ async def watch(redis_url: str, bucket: str, run: str, log) -> None:
             if rq_queue.fetch_job(job_id) is None:
                 rq_queue.enqueue("brigade_evaluator.evaluate.evaluate", run, version, bucket, redis_url,
                                  job_id=job_id, job_timeout=600, result_ttl=86400, failure_ttl=86400)
+                QUEUED.inc()
                 log.info("evaluation queued", run=run, version=version)
     finally:
         await store.close()
@@ -59,6 +62,7 @@ def evaluator(
     bucket: options.BucketUrl = options.DEFAULTS.bucket,
     run: options.Run = options.DEFAULTS.run,
     worker: bool = typer.Option(True, "--worker/--no-worker", help="Also run the rq worker that executes the jobs."),
+    metrics_port: options.MetricsPort = 0,
     log_level: options.LogLevel = options.DEFAULTS.log_level,
 ) -> None:
     """Evaluate published adapters on held-out prompts (rq jobs)."""
@@ -66,13 +70,16 @@ def evaluator(
     from brigade.proc import die_with_parent
 
     log = configure_logging("evaluator", log_level)
+    from brigade.prom import serve_metrics
+
+    serve_metrics(metrics_port)
     # SIGTERM (docker stop, systemd, brigade up) unwinds like Ctrl-C, so the rq worker is stopped too
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     child = None
     if worker:
         # SimpleWorker: jobs run in the worker process, so the base model loads once, not per job
-        child = subprocess.Popen([sys.executable, "-m", "rq.cli", "worker", "--url", redis_url, "--quiet",
-                                  "--worker-class", "rq.worker.SimpleWorker", eval_queue(run)], env=os.environ,
+        child = subprocess.Popen([sys.executable, "-m", "brigade.rq_worker", "--url", redis_url, "--quiet",
+                                  "--service", "evaluator", "--simple", eval_queue(run)], env=os.environ,
                                  preexec_fn=die_with_parent)
     try:
         asyncio.run(watch(redis_url, bucket, run, log))

@@ -18,6 +18,7 @@ from brigade import keys
 
 EVAL_GROUP = 4
 _engines: dict[str, object] = {}  # run -> HFEngine, kept across jobs in this worker process
+_trackers: dict[str, object] = {}  # run -> its experiment trackers (report_to), likewise
 
 
 def _engine(run: str, spec):
@@ -45,9 +46,10 @@ async def _evaluate(run: str, version: int, bucket_url: str, redis_url: str) -> 
             raise ValueError(f"no run {run!r} in Redis") from None
         engine = _engine(run, spec)
         async with open_bucket(bucket_url) as bucket:
-            state = None
+            state, step = None, 0
             if version > 0:
-                _, files = await adapters.read_version(bucket, run, version)
+                manifest, files = await adapters.read_version(bucket, run, version)
+                step = manifest.step
                 state = adapters.decode(files)
             engine.load_adapter(version, state)
             prompts = eval_prompts(spec)
@@ -78,12 +80,28 @@ async def _evaluate(run: str, version: int, bucket_url: str, redis_url: str) -> 
             }
             try:
                 await bucket.put_new(keys.eval_key(run, version), json.dumps(result, indent=2).encode())
+                _tracked(run, spec).log_eval({**result, "version": version}, step)
             except ObjectExists:
-                pass  # a retried job: the first result stands
+                pass  # a retried job: the first result stands (and was logged to the trackers)
         await store.views.record_eval(run, version, json.dumps(result))
         return result
     finally:
         await store.close()
+
+
+def _tracked(run: str, spec):
+    """The run's trackers, opened once per worker process, at the learner's tracker folder; the
+    learner's override (BRIGADE_REPORT_TO) applies here too."""
+    import os
+
+    from brigade.spec_file import spec_to_dict
+    from brigade.trackers import open_trackers, parse_report_to
+
+    if run not in _trackers:
+        names = parse_report_to(os.environ.get("BRIGADE_REPORT_TO", ""))
+        _trackers[run] = open_trackers(spec.report_to if names is None else names, run, spec_to_dict(spec),
+                                       os.environ.get("BRIGADE_TRACKER_DIR", "trackers"), role="evaluator")
+    return _trackers[run]
 
 
 def _mean(values: list) -> float | None:

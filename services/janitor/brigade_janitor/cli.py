@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from brigade.options import DEFAULTS, LogLevel, RedisUrl
+from brigade.options import DEFAULTS, LogLevel, MetricsPort, RedisUrl
 
 Interval = Annotated[float, typer.Option("--interval", envvar="BRIGADE_JANITOR_INTERVAL", help="Seconds between sweeps.")]
 LockTtl = Annotated[int, typer.Option("--lock-ttl-ms", envvar="BRIGADE_JANITOR_LOCK_TTL_MS",
@@ -20,6 +20,7 @@ def janitor(
     interval: Interval = 1.0,
     lock_ttl_ms: LockTtl = 5_000,
     janitor_id: JanitorId = "",
+    metrics_port: MetricsPort = 0,
     log_level: LogLevel = DEFAULTS.log_level,
 ) -> None:
     """Requeue leases whose worker went silent, revoke stale leases, drop stale manifests.
@@ -34,7 +35,10 @@ def janitor(
         raise typer.BadParameter(str(e), param_hint="--log-level") from None
     if lock_ttl_ms <= interval * 1000:
         raise typer.BadParameter("--lock-ttl-ms must be longer than --interval")
+    from brigade.prom import serve_metrics
     from brigade_janitor.janitor import run_janitor
+
+    serve_metrics(metrics_port)
 
     asyncio.run(run_janitor(redis_url, interval=interval, lock_ttl_ms=lock_ttl_ms, janitor_id=janitor_id or None))
 

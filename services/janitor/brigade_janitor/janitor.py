@@ -21,6 +21,7 @@ import redis.exceptions
 import structlog
 
 from brigade.store import NotFound, Store, SweepResult
+from brigade_janitor import metrics
 
 LOCK_KEY = "brigade:janitor:lock"
 PRUNE_EVERY_S = 60.0  # idle group consumers are forgotten at most this often per run
@@ -122,9 +123,13 @@ class Janitor:
 
     async def tick(self) -> bool:
         """One loop iteration: hold the lock, sweep if we do. True if we swept."""
-        if not await self.hold_lock():
+        holding = await self.hold_lock()
+        metrics.HOLDING.set(int(holding))
+        if not holding:
             return False
-        await self.sweep_all()
+        started = time.perf_counter()
+        results = await self.sweep_all()
+        metrics.observe_sweep(time.perf_counter() - started, results.values())
         return True
 
     async def run(self, stop: asyncio.Event | None = None) -> None:

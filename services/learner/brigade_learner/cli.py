@@ -8,7 +8,18 @@ from typing import Annotated
 
 import typer
 
-from brigade.options import DEFAULTS, BucketUrl, LogLevel, ProxyAddr, Run, SpecPath, TlsCa, Token
+from brigade.options import (
+    DEFAULTS,
+    BucketUrl,
+    LogLevel,
+    MetricsPort,
+    ProxyAddr,
+    Run,
+    SpecPath,
+    TlsCa,
+    Token,
+    TrackerDir,
+)
 
 LearnerId = Annotated[str, typer.Option(
     "--learner-id", envvar="BRIGADE_LEARNER_ID",
@@ -20,6 +31,10 @@ KeepCheckpoints = Annotated[int, typer.Option(
     help="Complete checkpoints kept in the bucket (the newest); older ones are deleted. 0 = keep all.")]
 MaxSteps = Annotated[int, typer.Option(
     "--max-steps", envvar="BRIGADE_MAX_STEPS", help="Stop after this many steps; -1 = the run spec's max_steps.")]
+ReportTo = Annotated[str, typer.Option(
+    "--report-to", envvar="BRIGADE_REPORT_TO",
+    help="Experiment trackers, comma-separated (wandb, tensorboard, trackio), or none; overrides the run spec's "
+         "report_to. [default: the run spec's]", show_default=False)]
 
 
 def learner(
@@ -33,6 +48,9 @@ def learner(
     price_per_hour: PricePerHour = 0.0,
     max_steps: MaxSteps = -1,
     keep_checkpoints: KeepCheckpoints = 3,
+    report_to: ReportTo = "",
+    tracker_dir: TrackerDir = "trackers",
+    metrics_port: MetricsPort = 0,
     log_level: LogLevel = DEFAULTS.log_level,
 ) -> None:
     """The learner: GRPO steps on the LoRA adapter from the rollouts workers hand in.
@@ -44,6 +62,12 @@ def learner(
     from brigade.log import configure_logging
 
     log = configure_logging("learner", log_level)
+    from brigade.trackers import parse_report_to
+
+    try:
+        trackers = parse_report_to(report_to)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--report-to") from None
     import grpc
 
     from brigade.config import ConfigError
@@ -62,7 +86,11 @@ def learner(
                 raise typer.Exit(2) from None
     cfg = LearnerConfig(proxy=proxy, token=token, tls_ca=tls_ca, bucket=bucket, run=run, spec_path=spec,
                         learner_id=learner_id, price_per_hour=price_per_hour,
-                        max_steps=None if max_steps < 0 else max_steps, keep_checkpoints=keep_checkpoints)
+                        max_steps=None if max_steps < 0 else max_steps, keep_checkpoints=keep_checkpoints,
+                        report_to=trackers, tracker_dir=tracker_dir)
+    from brigade.prom import serve_metrics
+
+    serve_metrics(metrics_port)
     try:
         stopped_by = asyncio.run(serve(cfg))
     except grpc.aio.AioRpcError as e:

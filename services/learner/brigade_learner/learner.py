@@ -35,8 +35,10 @@ from brigade.retry import Backoff, retry
 from brigade.rpc import ProxyClient, describe_rpc_error, is_transient
 from brigade.spec_file import build_spec, spec_to_dict
 from brigade.store.checks import MAX_METRICS_JSON
+from brigade.trackers import open_trackers
 from brigade.v1 import brigade_pb2 as pb
 from brigade_learner import checkpoint
+from brigade_learner import metrics as prom
 from brigade_learner.checkpoint import LearnerState, PendingAck
 from brigade_learner.crash import CrashPoints
 from brigade_learner.ingest import Prefetcher, StepData, manifest_dollars
@@ -82,6 +84,8 @@ class LearnerConfig:
     max_steps: int | None = None   # None: the run spec's
     pull_wait_ms: int = 2000
     keep_checkpoints: int = 3      # the newest complete checkpoints kept in the bucket; 0 = all
+    report_to: list[str] | None = None  # experiment trackers; None: the run spec's report_to
+    tracker_dir: str = "trackers"  # local files of the trackers (W&B offline runs, TensorBoard events)
 
 
 @dataclass
@@ -110,6 +114,8 @@ class Learner:
         self.prefetch = Prefetcher(self._pull, self._ack_now, bucket, self.run_id, trainer.vocab_size,
                                    want=spec.batches_per_step, consumed=self.state.consumed,
                                    max_staleness=spec.staleness.max_staleness, limits=trainer.rollout_limits)
+        self.trackers = open_trackers(spec.report_to if cfg.report_to is None else cfg.report_to, self.run_id,
+                                      spec_to_dict(spec), cfg.tracker_dir)
 
     # ------------------------------------------------------------ proxy calls (retried while unreachable)
 
@@ -205,6 +211,7 @@ class Learner:
         # never reuse a version number: continue after whatever is newest anywhere
         self.state.version = max(self.state.version, proxy_latest)
         self.prefetch.consumed = self.state.consumed
+        prom.STEP.set(self.state.step)
 
     async def _replay_tail(self) -> None:
         """Redo what the checkpointed step may not have finished: every part is idempotent."""
@@ -250,6 +257,12 @@ class Learner:
         return self.max_steps > 0 and self.state.step >= self.max_steps
 
     async def run(self) -> None:
+        try:
+            await self._run()
+        finally:
+            self.trackers.close()
+
+    async def _run(self) -> None:
         await self.resume()
         if self.finished():
             log.info("finished", step=self.state.step, max_steps=self.max_steps)
@@ -291,6 +304,7 @@ class Learner:
             self._published_files = self.trainer.adapter_files(spec.adapter_payload, self.config_json)
         s.metrics.append(self._metrics(step, version_used, data, train, trained_at - cycle_start))
         log.info("step", **{k: v for k, v in s.metrics[-1].items() if k in LOGGED})
+        prom.observe_step(s.metrics[-1])
         if s.published or step % spec.checkpoint_every == 0 or final:
             await self._commit(step)
         return trained_at
@@ -342,6 +356,7 @@ class Learner:
                 await self.bucket.put_new(keys.metrics_key(self.run_id, m["step"]), json.dumps(m, indent=1).encode())
             except ObjectExists:
                 pass  # written before a crash; the step it describes is the same checkpointed step
+        self.trackers.log_steps(metrics)  # committed steps only, so a replayed step is the same step
 
     async def _proximal_adapters(self, rollouts) -> dict[int, dict]:
         """The published tensors of each version that generated these rollouts (v0 is built in)."""

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from brigade.options import DEFAULTS, BucketUrl, Listen, LogLevel, RedisUrl, Token
+from brigade.options import DEFAULTS, BucketUrl, Listen, LogLevel, MetricsPort, RedisUrl, Token
 from brigade_proxy.limits import Limits
 
 TlsCert = Annotated[str, typer.Option("--tls-cert", envvar="BRIGADE_TLS_CERT", help="Server certificate (PEM); TLS when set.")]
@@ -57,6 +57,7 @@ def proxy(
     max_pulls: MaxPulls = _L.max_pulls,
     max_pulls_per_client: MaxPullsPerClient = _L.max_pulls_per_client,
     max_rpcs: MaxRpcs = _L.max_rpcs,
+    metrics_port: MetricsPort = 0,
 ) -> None:
     """The lease proxy: hands out prompt batches, takes rollout manifests, feeds the learner.
 
@@ -82,7 +83,8 @@ def proxy(
 
     try:
         asyncio.run(serve(listen, redis_url, bucket_url=bucket, token=token, tls_cert=tls_cert, tls_key=tls_key,
-                          grace=grace, pipelined=pipelined, limits=limits))
+                          grace=grace, pipelined=pipelined, limits=limits,
+                          metrics_port=metrics_port))
     except (RuntimeError, ValueError, OSError) as e:  # the address is taken, a bad bucket URL, unreadable TLS files
         typer.echo(f"brigade proxy: {e}", err=True)
         raise typer.Exit(1) from None

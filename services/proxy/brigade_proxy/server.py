@@ -37,6 +37,7 @@ from brigade.v1 import brigade_pb2 as pb
 from brigade.v1 import brigade_pb2_grpc as pbg
 from brigade_proxy import reflection
 from brigade_proxy.limits import Limits
+from brigade_proxy.metrics import RpcMetrics, start_metrics
 
 log = structlog.get_logger("brigade.proxy")
 
@@ -496,7 +497,7 @@ async def start_server(
     if bucket is None and bucket_url:
         bucket = await open_bucket_or_none(bucket_url)
     proxy = Proxy(store, bucket, bucket_url, owns_bucket=owns_bucket, limits=limits)
-    interceptors = [BearerAuthInterceptor(token)] if token else []
+    interceptors = [RpcMetrics(), *([BearerAuthInterceptor(token)] if token else [])]
     server = grpc.aio.server(interceptors=interceptors, maximum_concurrent_rpcs=limits.max_rpcs,
                              options=server_options(limits.max_message_bytes, min_ping_interval_ms))
     add_servicer(server, "LeaseService", LeaseServicer(proxy), limits)
@@ -531,6 +532,7 @@ async def serve(
     grace: float = 5.0,
     pipelined: bool = True,
     limits: Limits | None = None,
+    metrics_port: int = 0,
 ) -> None:
     """Run a proxy until SIGTERM or SIGINT, then drain in-flight calls for up to `grace` seconds."""
     started = time.monotonic()
@@ -546,6 +548,7 @@ async def serve(
     log.info("proxy listening", listen=listen, port=running.port, redis=redis_url, redis_ok=redis_ok,
              bucket=bucket_url or None, auth=bool(token), tls=bool(tls_cert),
              startup_ms=round((time.monotonic() - started) * 1000))
+    metrics = start_metrics(metrics_port, running.proxy.store)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -553,4 +556,6 @@ async def serve(
     await stop.wait()
     log.info("proxy stopping", grace_s=grace)
     await running.stop(grace)
+    if metrics is not None:
+        metrics.cancel()
     log.info("proxy stopped")

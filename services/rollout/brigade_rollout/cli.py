@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from brigade.options import DEFAULTS, BucketUrl, LogLevel, ProxyAddr, Run, TlsCa, Token
+from brigade.options import DEFAULTS, BucketUrl, LogLevel, MetricsPort, ProxyAddr, Run, TlsCa, Token
 
 WorkerId = Annotated[str, typer.Option("--worker-id", envvar="BRIGADE_WORKER_ID",
                                        help="This worker's id. [default: hostname-pid]", show_default=False)]
@@ -51,6 +51,7 @@ def rollout(
     device: Device = "",
     redis_url: RewardRedis = "",
     reward_worker: RewardWorkers = True,
+    metrics_port: MetricsPort = 0,
     log_level: LogLevel = DEFAULTS.log_level,
 ) -> None:
     """A rollout worker: leases prompt batches, generates groups with the leased adapter version,
@@ -71,6 +72,9 @@ def rollout(
     from brigade.log import configure_logging
 
     configure_logging("rollout", log_level)
+    from brigade.prom import serve_metrics
+
+    serve_metrics(metrics_port)
     from brigade_rollout.worker import Worker, WorkerConfig, default_worker_id
 
     cfg = WorkerConfig(

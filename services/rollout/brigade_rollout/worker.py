@@ -64,6 +64,7 @@ from brigade.rewards import RewardCall, RewardSet, RqSandbox, Scores, TrainerSta
 from brigade.rollout_format import Rollout, from_bytes
 from brigade.rpc import ProxyClient, describe_rpc_error, is_transient
 from brigade.v1 import brigade_pb2 as pb
+from brigade_rollout import metrics
 from brigade_rollout.adapter_cache import AdapterCache
 
 T = TypeVar("T")
@@ -206,6 +207,7 @@ class Worker:
         self.spec: pb.RunSpec | None = None
         self.stats = {"completed": 0, "duplicates": 0, "revoked": 0, "lost": 0, "failed": 0, "preempted": 0,
                       "rewards_rejected": 0, "key_taken": 0}
+        metrics.watch(self.stats)
         self._main: asyncio.Task | None = None
         self._run_task: asyncio.Task | None = None
         self._stopping = asyncio.Event()
@@ -331,6 +333,7 @@ class Worker:
         try:
             adapter = await self._adapter(lease.adapter_version)
             await asyncio.to_thread(self.engine.load_adapter, adapter.version, adapter.state)
+            metrics.adapter_loaded(adapter.version, time.monotonic() - t0)
             prompts = [prompt_value(p) for p in lease.batch.prompts]
             t_gen = time.monotonic()
             samples = await asyncio.to_thread(self.engine.generate, prompts, self.spec.sampling, lease.seed,
@@ -346,6 +349,7 @@ class Worker:
             duplicate = await self._complete(lease, manifest)
             handed_over = True
             self.stats["duplicates" if duplicate else "completed"] += 1
+            metrics.batch_done(manifest.num_tokens, t_gen)
             blog.info("batch done", samples=manifest.num_samples, tokens=manifest.num_tokens,
                       reward_mean=round(manifest.reward_mean, 4), generate_s=round(t_gen, 3),
                       total_s=round(manifest.compute_seconds, 3), duplicate=duplicate)

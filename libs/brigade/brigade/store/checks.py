@@ -109,6 +109,8 @@ WIRE_BOUNDS: dict[str, Bound] = {
     "RunSpec.eval_dataset": Bound(MAX_URI, "a dataset path or URI", printable=True),
     "RunSpec.seed": Bound(2**64 - 1, "any uint64 (hashed in Python, never given to Lua)", unit=""),
     "RunSpec.rewards": Bound(64, "reward functions of one run", unit="entries"),
+    "RunSpec.report_to": Bound(8, "experiment trackers", unit="entries"),
+    "RunSpec.report_to[]": _label("one of the spec's choices"),
     "RewardSpec.function": Bound(MAX_ID_CHARS, "a reward function's name", printable=True),
     "RewardSpec.kwargs": Bound(MAX_TEXT, "a reward factory's arguments, a JSON object"),
     "RunSpec.revision": Bound(MAX_ID_CHARS, "a model branch, tag or commit", printable=True),

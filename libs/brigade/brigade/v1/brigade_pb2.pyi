@@ -88,7 +88,7 @@ class RewardSpec(_message.Message):
     def __init__(self, function: _Optional[str] = ..., weight: _Optional[float] = ..., sandboxed: _Optional[bool] = ..., timeout_s: _Optional[float] = ..., kwargs: _Optional[str] = ...) -> None: ...
 
 class RunSpec(_message.Message):
-    __slots__ = ("run_id", "model", "dtype", "device", "lora", "sampling", "grpo", "staleness", "rewards", "prompts_per_batch", "batches_per_step", "max_steps", "publish_every", "checkpoint_every", "seed", "adapter_payload", "eval_every", "sync", "epochs", "dataset", "eval_dataset", "revision", "trust_remote_code", "dataset_split", "eval_split", "prompt_column", "dataset_config")
+    __slots__ = ("run_id", "model", "dtype", "device", "lora", "sampling", "grpo", "staleness", "rewards", "prompts_per_batch", "batches_per_step", "max_steps", "publish_every", "checkpoint_every", "seed", "adapter_payload", "eval_every", "sync", "epochs", "dataset", "eval_dataset", "revision", "trust_remote_code", "dataset_split", "eval_split", "prompt_column", "dataset_config", "report_to")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -116,6 +116,7 @@ class RunSpec(_message.Message):
     EVAL_SPLIT_FIELD_NUMBER: _ClassVar[int]
     PROMPT_COLUMN_FIELD_NUMBER: _ClassVar[int]
     DATASET_CONFIG_FIELD_NUMBER: _ClassVar[int]
+    REPORT_TO_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     model: str
     dtype: str
@@ -143,7 +144,8 @@ class RunSpec(_message.Message):
     eval_split: str
     prompt_column: str
     dataset_config: str
-    def __init__(self, run_id: _Optional[str] = ..., model: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., lora: _Optional[_Union[LoraSpec, _Mapping]] = ..., sampling: _Optional[_Union[SamplingSpec, _Mapping]] = ..., grpo: _Optional[_Union[GrpoSpec, _Mapping]] = ..., staleness: _Optional[_Union[StalenessSpec, _Mapping]] = ..., rewards: _Optional[_Iterable[_Union[RewardSpec, _Mapping]]] = ..., prompts_per_batch: _Optional[int] = ..., batches_per_step: _Optional[int] = ..., max_steps: _Optional[int] = ..., publish_every: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., seed: _Optional[int] = ..., adapter_payload: _Optional[str] = ..., eval_every: _Optional[int] = ..., sync: _Optional[bool] = ..., epochs: _Optional[int] = ..., dataset: _Optional[str] = ..., eval_dataset: _Optional[str] = ..., revision: _Optional[str] = ..., trust_remote_code: _Optional[bool] = ..., dataset_split: _Optional[str] = ..., eval_split: _Optional[str] = ..., prompt_column: _Optional[str] = ..., dataset_config: _Optional[str] = ...) -> None: ...
+    report_to: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, run_id: _Optional[str] = ..., model: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., lora: _Optional[_Union[LoraSpec, _Mapping]] = ..., sampling: _Optional[_Union[SamplingSpec, _Mapping]] = ..., grpo: _Optional[_Union[GrpoSpec, _Mapping]] = ..., staleness: _Optional[_Union[StalenessSpec, _Mapping]] = ..., rewards: _Optional[_Iterable[_Union[RewardSpec, _Mapping]]] = ..., prompts_per_batch: _Optional[int] = ..., batches_per_step: _Optional[int] = ..., max_steps: _Optional[int] = ..., publish_every: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., seed: _Optional[int] = ..., adapter_payload: _Optional[str] = ..., eval_every: _Optional[int] = ..., sync: _Optional[bool] = ..., epochs: _Optional[int] = ..., dataset: _Optional[str] = ..., eval_dataset: _Optional[str] = ..., revision: _Optional[str] = ..., trust_remote_code: _Optional[bool] = ..., dataset_split: _Optional[str] = ..., eval_split: _Optional[str] = ..., prompt_column: _Optional[str] = ..., dataset_config: _Optional[str] = ..., report_to: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Prompt(_message.Message):
     __slots__ = ("id", "text", "columns", "messages_json", "columns_json")

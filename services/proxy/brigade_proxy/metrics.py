@@ -1,0 +1,170 @@
+"""The proxy's Prometheus metrics (served with --metrics-port).
+
+An interceptor counts every RPC and times it by method and status code, and reads the lease
+outcomes off the responses (granted, refused by reason, revoked on heartbeat, dead-lettered on
+failure), so the servicers stay as they are. The run state (queue depths, learner step, the lease
+counts the janitor moves: expired, revoked, dead-lettered) is read from the store's views every
+few seconds and served from that cache: a scrape never waits on Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import grpc
+import structlog
+from prometheus_client import REGISTRY, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from brigade.prom import LATENCY_BUCKETS, serve_metrics
+from brigade.store import NotFound, Store
+from brigade.v1 import brigade_pb2 as pb
+
+log = structlog.get_logger()
+
+RPCS = Counter("brigade_proxy_rpcs_total", "RPCs handled", ["method", "code"])
+RPC_SECONDS = Histogram("brigade_proxy_rpc_duration_seconds", "RPC latency", ["method", "code"],
+                        buckets=LATENCY_BUCKETS)
+LEASES_GRANTED = Counter("brigade_proxy_leases_granted_total", "Leases granted", ["run"])
+LEASES_REFUSED = Counter("brigade_proxy_admission_refusals_total", "AcquireLease answered without a lease",
+                         ["run", "reason"])
+LEASES_REVOKED = Counter("brigade_proxy_leases_revoked_total", "Heartbeats answered REVOKED", ["run"])
+LEASES_DEADLETTERED = Counter("brigade_proxy_leases_deadlettered_total", "FailLease calls that dead-lettered",
+                              ["run"])
+
+
+def _count_outcome(method: str, request: Any, response: Any) -> None:
+    if method == "AcquireLease":
+        if response.granted:
+            LEASES_GRANTED.labels(request.run_id).inc()
+        else:
+            LEASES_REFUSED.labels(request.run_id, response.reason or "unknown").inc()
+    elif method == "Heartbeat" and response.status == pb.HeartbeatResponse.REVOKED:
+        LEASES_REVOKED.labels(request.run_id).inc()
+    elif method == "FailLease" and response.deadlettered:
+        LEASES_DEADLETTERED.labels(request.run_id).inc()
+
+
+_BY_VALUE = {c.value[0]: c for c in grpc.StatusCode}
+
+
+def _code(context: grpc.aio.ServicerContext, default: grpc.StatusCode) -> str:
+    """The status the handler set (abort() sets it; grpc.aio may hand back the C enum's int)."""
+    code = context.code()
+    if isinstance(code, int):
+        code = _BY_VALUE.get(code)
+    return (code or default).name
+
+
+class RpcMetrics(grpc.aio.ServerInterceptor):
+    async def intercept_service(self, continuation, details: grpc.HandlerCallDetails):
+        handler = await continuation(details)
+        if handler is None:
+            return None
+        method = details.method.rpartition("/")[2]
+        if handler.unary_unary:
+            inner = handler.unary_unary
+
+            async def unary(request, context):
+                start, code = time.perf_counter(), "OK"
+                try:
+                    response = await inner(request, context)
+                    _count_outcome(method, request, response)
+                    return response
+                except BaseException:
+                    code = _code(context, grpc.StatusCode.UNKNOWN)
+                    raise
+                finally:
+                    _observe(method, code, time.perf_counter() - start)
+
+            return grpc.unary_unary_rpc_method_handler(unary, handler.request_deserializer,
+                                                       handler.response_serializer)
+        if handler.unary_stream:
+            inner_stream = handler.unary_stream
+
+            async def stream(request, context):
+                start, code = time.perf_counter(), "OK"
+                try:
+                    async for item in inner_stream(request, context):
+                        yield item
+                except asyncio.CancelledError:
+                    code = "CANCELLED"  # a watcher going away: the usual end of a stream
+                    raise
+                except BaseException:
+                    code = _code(context, grpc.StatusCode.UNKNOWN)
+                    raise
+                finally:
+                    _observe(method, code, time.perf_counter() - start)
+
+            return grpc.unary_stream_rpc_method_handler(stream, handler.request_deserializer,
+                                                        handler.response_serializer)
+        return handler
+
+
+def _observe(method: str, code: str, seconds: float) -> None:
+    RPCS.labels(method, code).inc()
+    RPC_SECONDS.labels(method, code).observe(seconds)
+
+
+# ---------------------------------------------------------------- run state, from the store's views
+
+_GAUGES = {  # RunState field -> (metric, help)
+    "latest_version": ("brigade_run_adapter_version", "Newest published adapter version"),
+    "learner_step": ("brigade_run_learner_step", "The learner's step as the proxy knows it"),
+    "queued": ("brigade_run_batches_queued", "Batches in the work stream, not leased"),
+    "leased": ("brigade_run_batches_leased", "Batches out on lease"),
+    "completed": ("brigade_run_batches_completed", "Completed batches waiting for the learner"),
+    "finished": ("brigade_run_finished", "1 once the run is finished"),
+}
+_COUNTERS = {  # cumulative counts kept in Redis (so they survive proxy restarts)
+    "batches_created": ("brigade_run_batches_created", "Batches created"),
+    "consumed": ("brigade_run_batches_consumed", "Batches the learner trained on"),
+    "rejected": ("brigade_run_batches_rejected", "Batches the learner rejected at ingestion"),
+    "expired": ("brigade_run_leases_expired", "Leases expired by the janitor"),
+    "revoked": ("brigade_run_leases_revoked", "Leases revoked as too stale"),
+    "deadlettered": ("brigade_run_batches_deadlettered", "Batches dead-lettered"),
+    "stale_removed": ("brigade_run_manifests_stale_removed", "Completed manifests dropped as too stale"),
+    "duplicates": ("brigade_run_duplicates", "Duplicate completions"),
+}
+
+
+class RunStateCollector:
+    """Serves the last snapshot of every run's state; `refresh` (a task on the proxy's loop) renews it."""
+
+    def __init__(self) -> None:
+        self.states: list[pb.RunState] = []
+
+    def collect(self):
+        families = {f: GaugeMetricFamily(name, doc, labels=["run"]) for f, (name, doc) in _GAUGES.items()}
+        families |= {f: CounterMetricFamily(name, doc, labels=["run"]) for f, (name, doc) in _COUNTERS.items()}
+        for s in self.states:
+            for field, family in families.items():
+                family.add_metric([s.spec.run_id], float(getattr(s, field)))
+        yield from families.values()
+
+    async def refresh(self, store: Store, period_s: float = 5.0) -> None:
+        while True:
+            try:
+                states = []
+                for run in await store.runs.ids():
+                    try:
+                        states.append(await store.views.run_state(run))
+                    except NotFound:
+                        continue
+                self.states = states
+            except Exception as e:  # noqa: BLE001 - Redis down: keep the last snapshot, try again
+                log.debug("run_state_refresh_failed", error=str(e)[:200])
+            await asyncio.sleep(period_s)
+
+
+RUN_STATE = RunStateCollector()
+REGISTRY.register(RUN_STATE)
+
+
+def start_metrics(port: int, store: Store) -> asyncio.Task | None:
+    """Serve /metrics on `port` (0 = off) and keep the run-state snapshot fresh; the task to cancel."""
+    if port <= 0:
+        return None
+    serve_metrics(port)
+    return asyncio.create_task(RUN_STATE.refresh(store))
