@@ -32,6 +32,8 @@ from google.protobuf.message import Message
 from brigade.config import ConfigError
 from brigade.v1 import brigade_pb2 as pb
 
+# prompts of one run (CreateRun): the store refuses more; the proxy's --max-prompts may lower it
+MAX_PROMPTS = 1_000_000
 RUN_ID_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")  # whole string: fullmatch (a $ would accept "a\n")
 _INTERVAL = re.compile(r"^([\[(])(\S+), (\S+)([\])])$")  # "[0, 1)"
 _HALF_LINE = re.compile(r"^(>=|>) (\S+)$")  # ">= 1"

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from brigade.store.checks import MAX_PROMPTS
+from brigade.spec import MAX_PROMPTS
 
 MIB = 1024 * 1024
 
@@ -32,7 +32,7 @@ class Limits:
     max_message_bytes: int = _limit(32 * MIB, 1 * MIB, 1024 * MIB,
                                     "bytes of a CreateRun request (its prompt set); gRPC's receive limit")
     max_request_bytes: int = _limit(4 * MIB, 64 * 1024, 1024 * MIB, "bytes of a request of any other method")
-    # at most the store's own ceiling (brigade.store.checks.MAX_PROMPTS): an operator may only lower it
+    # at most the store's own ceiling (brigade.spec.MAX_PROMPTS): an operator may only lower it
     max_prompts: int = _limit(MAX_PROMPTS, 1, MAX_PROMPTS, "prompts in one CreateRun")
     max_create_runs: int = _limit(2, 1, 64, "CreateRun calls in flight at once (each may hold max_message_bytes)")
     max_streams: int = _limit(256, 1, 100_000, "WatchRun streams open at once, in total (one Redis connection each)")

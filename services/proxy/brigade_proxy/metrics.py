@@ -99,6 +99,23 @@ class RpcMetrics(grpc.aio.ServerInterceptor):
 
             return grpc.unary_stream_rpc_method_handler(stream, handler.request_deserializer,
                                                         handler.response_serializer)
+        if handler.stream_unary:
+            # a unary method the proxy serves as request-streaming so it can refuse before the body
+            # is read (a gated CreateRun, a call without the token): timed and counted, never read here
+            inner_gated = handler.stream_unary
+
+            async def gated(request_iterator, context):
+                start, code = time.perf_counter(), "OK"
+                try:
+                    return await inner_gated(request_iterator, context)
+                except BaseException:
+                    code = _code(context, grpc.StatusCode.UNKNOWN)
+                    raise
+                finally:
+                    _observe(method, code, time.perf_counter() - start)
+
+            return grpc.stream_unary_rpc_method_handler(gated, handler.request_deserializer,
+                                                        handler.response_serializer)
         return handler
 
 

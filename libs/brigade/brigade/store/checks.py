@@ -21,7 +21,7 @@ from google.protobuf.message import Message
 
 from brigade import keys
 from brigade.config import ConfigError
-from brigade.spec import validate_spec
+from brigade.spec import MAX_PROMPTS, validate_spec
 from brigade.store.errors import InvalidArgument
 from brigade.v1 import brigade_pb2 as pb
 
@@ -30,7 +30,6 @@ MAX_IDS_PER_ACK = 10_000
 MAX_METRICS_JSON = 16_384     # UTF-8 bytes of one AckRollouts' metrics_json (a step's metrics are ~2 KB)
 METRICS_KEPT = 1_000          # steps of metrics kept in Redis and returned by GetMetrics: 16 MB a run at most
 MAX_SAFE_INT = 2**53 - 1      # Lua numbers are doubles: an integer above this is rounded, or wraps
-MAX_PROMPTS = 1_000_000       # prompts of one CreateRun (the proxy's --max-prompts may lower it)
 MAX_TEXT = 65_536             # characters of a FailLease message (its first 500 are kept)
 MAX_LABEL = 64                # capacity_class, engine, payload and the spec's choice fields
 MAX_URI = 1_024
