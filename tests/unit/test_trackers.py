@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import time
 
 import pytest
 
@@ -42,6 +43,9 @@ def log_twice(names: list[str], directory: str) -> None:
     t = open_trackers(names, "r1", CONFIG, directory)
     t.log_steps(steps(1, 3))
     t.close()
+    # W&B names an offline run's folder by the second it started: a restart within the same second
+    # (instant here, never for a learner that loads a model) would share the first one's folder
+    time.sleep(1.05 - time.time() % 1)
     t = open_trackers(names, "r1", CONFIG, directory)
     assert all(v == 3 for v in t.last.values()), t.last
     t.log_steps(steps(2, 5))

@@ -30,7 +30,15 @@ import grpc
 import structlog
 
 from brigade import adapters, keys
-from brigade.bucket import Bucket, BucketError, ObjectExists, ObjectNotFound, check_create_only, open_bucket
+from brigade.bucket import (
+    Bucket,
+    BucketError,
+    CreateOnlyIgnored,
+    ObjectExists,
+    ObjectNotFound,
+    check_create_only,
+    open_bucket,
+)
 from brigade.retry import Backoff, retry
 from brigade.rpc import ProxyClient, describe_rpc_error, is_transient
 from brigade.spec_file import build_spec, spec_to_dict
@@ -434,7 +442,9 @@ async def serve(cfg: LearnerConfig) -> signal.Signals | None:
     bucket = open_bucket(cfg.bucket)
     try:
         await bucket.ensure()
-        await check_create_only(bucket, cfg.run)  # CreateOnlyIgnored is a ConfigError: exit 2, one line
+        # CreateOnlyIgnored is a ConfigError: exit 2, one line; a store that hiccups is asked again
+        await retry(lambda: check_create_only(bucket, cfg.run), backoff=PROXY_BACKOFF, attempts=10,
+                    retryable=lambda e: isinstance(e, BucketError) and not isinstance(e, CreateOnlyIgnored))
         spec = await ensure_run(client, cfg.proxy, cfg.run, cfg.spec_path)
         if cfg.spec_path:
             local = build_spec({"run_id": cfg.run}, path=cfg.spec_path)

@@ -25,7 +25,10 @@ async def check_create_only(bucket: Bucket, run: str) -> str:
     Raises CreateOnlyIgnored (one line naming the store and the guarantee) when it is not, and
     BucketError when the store cannot be reached (the caller decides whether to retry)."""
     key = keys.probe_key(run, uuid.uuid4().hex)
-    await bucket.put_new(key, b"brigade create-only probe: first put\n")
+    try:
+        await bucket.put_new(key, b"brigade create-only probe: first put\n")
+    except ObjectExists:
+        pass  # a fresh key: only our own first put, retried after its answer was lost, can be there
     try:
         # different bytes, so an echo of our own first put can never pass for a refusal
         await bucket.put_new(key, b"brigade create-only probe: this second put must be refused\n")
