@@ -9,7 +9,9 @@ few seconds and served from that cache: a scrape never waits on Redis."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import grpc
@@ -57,6 +59,23 @@ def _code(context: grpc.aio.ServicerContext, default: grpc.StatusCode) -> str:
     return (code or default).name
 
 
+@contextlib.contextmanager
+def _timed(method: str, context: grpc.aio.ServicerContext, stream: bool = False) -> Iterator[None]:
+    """Count and time one call under the status it ended with."""
+    start, code = time.perf_counter(), "OK"
+    try:
+        yield
+    except asyncio.CancelledError:
+        # a watcher going away: the usual end of a stream; a unary call keeps the status it was given
+        code = "CANCELLED" if stream else _code(context, grpc.StatusCode.UNKNOWN)
+        raise
+    except BaseException:
+        code = _code(context, grpc.StatusCode.UNKNOWN)
+        raise
+    finally:
+        _observe(method, code, time.perf_counter() - start)
+
+
 class RpcMetrics(grpc.aio.ServerInterceptor):
     async def intercept_service(self, continuation, details: grpc.HandlerCallDetails):
         handler = await continuation(details)
@@ -67,16 +86,10 @@ class RpcMetrics(grpc.aio.ServerInterceptor):
             inner = handler.unary_unary
 
             async def unary(request, context):
-                start, code = time.perf_counter(), "OK"
-                try:
+                with _timed(method, context):
                     response = await inner(request, context)
                     _count_outcome(method, request, response)
                     return response
-                except BaseException:
-                    code = _code(context, grpc.StatusCode.UNKNOWN)
-                    raise
-                finally:
-                    _observe(method, code, time.perf_counter() - start)
 
             return grpc.unary_unary_rpc_method_handler(unary, handler.request_deserializer,
                                                        handler.response_serializer)
@@ -84,18 +97,9 @@ class RpcMetrics(grpc.aio.ServerInterceptor):
             inner_stream = handler.unary_stream
 
             async def stream(request, context):
-                start, code = time.perf_counter(), "OK"
-                try:
+                with _timed(method, context, stream=True):
                     async for item in inner_stream(request, context):
                         yield item
-                except asyncio.CancelledError:
-                    code = "CANCELLED"  # a watcher going away: the usual end of a stream
-                    raise
-                except BaseException:
-                    code = _code(context, grpc.StatusCode.UNKNOWN)
-                    raise
-                finally:
-                    _observe(method, code, time.perf_counter() - start)
 
             return grpc.unary_stream_rpc_method_handler(stream, handler.request_deserializer,
                                                         handler.response_serializer)
@@ -105,14 +109,8 @@ class RpcMetrics(grpc.aio.ServerInterceptor):
             inner_gated = handler.stream_unary
 
             async def gated(request_iterator, context):
-                start, code = time.perf_counter(), "OK"
-                try:
+                with _timed(method, context):
                     return await inner_gated(request_iterator, context)
-                except BaseException:
-                    code = _code(context, grpc.StatusCode.UNKNOWN)
-                    raise
-                finally:
-                    _observe(method, code, time.perf_counter() - start)
 
             return grpc.stream_unary_rpc_method_handler(gated, handler.request_deserializer,
                                                         handler.response_serializer)
