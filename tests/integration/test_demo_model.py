@@ -23,14 +23,8 @@ from brigade.demo.task import (
     make_splits,
 )
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # the tiny model runs faster on one thread, and much faster on a busy machine
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+# the tiny model runs faster on one thread, and much faster on a busy machine (conftest's fixture)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
