@@ -37,11 +37,9 @@ def unknown_characters(spec: pb.RunSpec, prompts: list[pb.Prompt]) -> str | None
     character-level vocabulary such as the demo model's), which the model then never sees."""
     if spec.model != "demo" and not Path(spec.model).is_dir():
         return None  # a Hub id: not loaded here
-    from transformers import AutoTokenizer
+    from brigade.model import load_tokenizer
 
-    from brigade.model import resolve_model
-
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model(spec.model))
+    tokenizer = load_tokenizer(spec)  # as the services load it: revision, trust_remote_code
     unk = tokenizer.unk_token_id
     if unk is None:
         return None  # byte-level BPE: every character has tokens

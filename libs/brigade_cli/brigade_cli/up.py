@@ -82,10 +82,7 @@ async def poll_run(proxy: str, token: str, run: str) -> tuple[list[dict], object
 def numeric_metrics(text: str) -> dict:
     """A step's metrics as the learner writes them (a JSON object), numbers only: anyone holding the
     token can write a step's metrics_json, and progress must not stop on a string or a list."""
-    try:
-        m = json.loads(text) if text else {}
-    except (ValueError, RecursionError):
-        return {}
+    m = _json(text)
     if not isinstance(m, dict):
         return {}
     return {k: v for k, v in m.items() if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)}
