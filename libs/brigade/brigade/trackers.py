@@ -20,6 +20,7 @@ import json
 import math
 import os
 import struct
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -74,7 +75,14 @@ class _Wandb:
         self.run.log({**{f"eval/{k}": v for k, v in values.items()}, "eval/step": step}, commit=True)
 
     def close(self) -> None:
+        offline, path = self.run.settings._offline, self.run.settings.sync_file
         self.run.finish()
+        if offline:
+            # finish() returns before W&B's service has written the run's last records: wait for its
+            # exit record, so a learner restarted at once (or a reader) sees every step logged
+            deadline = time.monotonic() + 10
+            while not wandb_offline_exited(path) and time.monotonic() < deadline:
+                time.sleep(0.05)
 
 
 class _TensorBoard:
@@ -224,12 +232,31 @@ def tensorboard_last_step(directory: str) -> int:
 
 
 def wandb_offline_steps(path: str) -> list[int]:
-    """The history steps of one W&B offline run file (`run-ID.wandb`), in order: W&B's record log is
-    LevelDB's format (32 KiB blocks of crc, length, type-tagged chunks) holding `Record` protobufs."""
+    """The history steps of one W&B offline run file (`run-ID.wandb`), in order."""
+    steps = []
+    for record in _wandb_records(path):
+        items = record.history.item if record.WhichOneof("record_type") == "history" else []
+        # the learner's steps, not the evaluator's (its own axis, `eval/step`) nor W&B's `_runtime`
+        if any(not k.startswith(("eval/", "_")) for k in (i.key or "/".join(i.nested_key) for i in items)):
+            steps.append(record.history.step.num)
+    return steps
+
+
+def wandb_offline_exited(path: str) -> bool:
+    """Whether an offline run file holds its exit record (W&B wrote everything it was given)."""
+    try:
+        return any(r.WhichOneof("record_type") == "exit" for r in _wandb_records(path))
+    except OSError:
+        return False
+
+
+def _wandb_records(path: str):
+    """The `Record` protobufs of a W&B run file: LevelDB's log format (32 KiB blocks of crc, length,
+    type-tagged chunks); a torn tail (a killed process) ends the records."""
     from wandb.proto import wandb_internal_pb2
 
     data = open(path, "rb").read()
-    pos, block, chunk, steps = 7, 32768, b"", []  # 7: the ":W&B" header
+    pos, block, chunk = 7, 32768, b""  # 7: the ":W&B" header
     while pos + 7 <= len(data):
         if block - pos % block < 7:
             pos += block - pos % block
@@ -244,10 +271,6 @@ def wandb_offline_steps(path: str) -> list[int]:
             try:
                 record.ParseFromString(chunk)
             except Exception:  # the torn tail of a killed process
-                break
+                return
             chunk = b""
-            items = record.history.item if record.WhichOneof("record_type") == "history" else []
-            # the learner's steps, not the evaluator's (its own axis, `eval/step`) nor W&B's `_runtime`
-            if any(not k.startswith(("eval/", "_")) for k in (i.key or "/".join(i.nested_key) for i in items)):
-                steps.append(record.history.step.num)
-    return steps
+            yield record
