@@ -91,8 +91,8 @@ def test_demo_sum_builtin():
 
 
 def test_resolve_errors():
-    with pytest.raises(ValueError, match="built-in"):
-        rewards.resolve("no_such_reward")
+    with pytest.raises(ValueError, match="built-in.*a Hub id is .owner/name."):
+        rewards.resolve("no_such_reward")  # refused at once: not a folder nor a Hub id, so no Hub lookup
     with pytest.raises(ValueError, match="cannot be imported"):
         rewards.resolve("brigade.nothing_here:fn")
     assert rewards.resolve("test_rewards:good") is good

@@ -27,25 +27,22 @@ def test_revision_picks_the_commit_every_service_loads(tmp_path):
         shutil.copytree(tiny_model(tmp_path / f"src{seed}", seed=seed), repo / "snapshots" / sha)
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(MAIN)
+    # one process loads every revision: the hub cache's variables are read when transformers loads
     script = textwrap.dedent("""
         import sys
         from brigade.model import load_base
         from brigade.reward_model import RewardModel
         from brigade_testing.tiny import tiny_spec
-        spec = tiny_spec("tiny-org/tiny-llama", revision=sys.argv[1])
-        model, tok = load_base(spec)
-        rm = RewardModel.load("tiny-org/tiny-llama", revision=sys.argv[1])
-        print(float(model.lm_head.weight.sum()), float(rm.model.model.embed_tokens.weight.sum()))
+        for revision in sys.argv[1:]:
+            model, tok = load_base(tiny_spec("tiny-org/tiny-llama", revision=revision))
+            rm = RewardModel.load("tiny-org/tiny-llama", revision=revision)
+            print(float(model.lm_head.weight.sum()), float(rm.model.model.embed_tokens.weight.sum()))
     """)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HOME": str(tmp_path)}
-
-    def sums(revision: str) -> list[float]:
-        out = subprocess.run([sys.executable, "-c", script, revision], env=env, capture_output=True, text=True,
-                             timeout=120)
-        assert out.returncode == 0, out.stderr[-2000:]
-        return [float(x) for x in out.stdout.split()[-2:]]
-
-    default, pinned, main = sums(""), sums(PINNED), sums(MAIN)
+    out = subprocess.run([sys.executable, "-c", script, "", PINNED, MAIN], env=env, capture_output=True, text=True,
+                         timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    default, pinned, main = ([float(x) for x in line.split()] for line in out.stdout.strip().splitlines()[-3:])
     assert default == main != pinned  # empty = the default branch; a pin loads its own commit's weights
 
     spec = tiny_spec(tmp_path / "src0", revision=PINNED, trust_remote_code=True)

@@ -104,14 +104,16 @@ def resolve(name: str, kwargs_json: str = "", **model_options) -> Callable[..., 
     if not sep:
         if kwargs_json:
             raise ValueError(f"reward function {name!r}: kwargs need an import path 'package.module:factory'")
+        not_this = (f"reward function {name!r} is not a built-in ({', '.join(BUILTINS)}), not "
+                    f"'package.module:function', and not a sequence-classification model")
+        if not _could_be_a_model(name):  # a typo must not wait for the Hub to time out
+            raise ValueError(f"{not_this} (no folder of that name, and a Hub id is 'owner/name')")
         from brigade.reward_model import RewardModel
 
         try:
             return RewardModel.load(name, **model_options)
         except Exception as e:  # noqa: BLE001 - not a model either: the one line says what it can be
-            raise ValueError(f"reward function {name!r} is not a built-in ({', '.join(BUILTINS)}), not "
-                             f"'package.module:function', and not a sequence-classification model: "
-                             f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+            raise ValueError(f"{not_this}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
     if not module or not attr:
         raise ValueError(f"reward function {name!r}: use a built-in ({', '.join(BUILTINS)}) or 'package.module:function'")
     try:
@@ -129,6 +131,11 @@ def resolve(name: str, kwargs_json: str = "", **model_options) -> Callable[..., 
         raise ValueError(f"reward function {name!r} is not callable" + ("" if kwargs_json else
                          "; if it is a factory, give its arguments as `kwargs`"))
     return fn
+
+
+def _could_be_a_model(name: str) -> bool:
+    """A folder, a bucket URI or a Hub id ('owner/name'): where a reward model may be loaded from."""
+    return os.path.isdir(name) or "://" in name or re.fullmatch(r"[\w.-]+/[\w.-]+", name) is not None
 
 
 def signature_problem(fn: Callable, columns: Sequence[str] | None = None) -> str | None:
