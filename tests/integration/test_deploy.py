@@ -323,14 +323,27 @@ def test_systemd_rollout_units_take_one_gpu_each_and_models_have_a_home():
 # ---------------------------------------------------------------- SkyPilot and Hugging Face Jobs
 
 
-def test_skypilot_task_matches_skypilots_schema():
-    """Validated by SkyPilot's own schema (sky.utils.schemas) when skypilot is importable; it is not
-    in the dev requirements (it pins click below typer's), so this skips unless it is installed here."""
-    sky_schemas = pytest.importorskip("sky.utils.schemas", reason="skypilot is not installed")
-    from sky.utils import common_utils
+SKYPILOT_PYTHON = ROOT / ".venv-skypilot/bin/python"  # `make install`: SkyPilot pins click below typer's
+VALIDATE_TASK = """
+import sys, yaml
+from sky.utils import common_utils, schemas
+common_utils.validate_schema(yaml.safe_load(sys.stdin), schemas.get_task_schema(), "Invalid task YAML: ")
+"""
 
-    common_utils.validate_schema(yaml.safe_load(SKYPILOT.read_text()), sky_schemas.get_task_schema(),
-                                 "Invalid task YAML: ")
+
+def skypilot_validates(text: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(SKYPILOT_PYTHON), "-c", VALIDATE_TASK], input=text, capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.mark.skipif(not SKYPILOT_PYTHON.exists(), reason="no .venv-skypilot (`make install` creates it)")
+def test_skypilot_task_matches_skypilots_schema():
+    """Validated by SkyPilot's own schema (sky.utils.schemas), in the venv `make install` gives SkyPilot."""
+    text = SKYPILOT.read_text()
+    out = skypilot_validates(text)
+    assert out.returncode == 0, out.stderr[-2000:]
+    broken = skypilot_validates(text + "\nsecret_envs: {A: b}\n")  # a field SkyPilot does not have
+    assert broken.returncode != 0 and "secret_envs" in broken.stderr, broken.stderr[-2000:]
 
 
 def test_skypilot_task_keeps_secrets_secret_and_ends_with_the_run():
