@@ -119,9 +119,10 @@ async def test_trl_builtins_unchanged_with_conversational_completions_and_a_fact
     assert not s.rejected and s.total == [1.0, -0.5, 0.0, -1.0]
 
 
-async def test_trl_accuracy_reward_if_math_verify_is_installed():
-    pytest.importorskip("math_verify")
-    call = batch(texts=["$4$", "$5$", "$5$", "$9$"])
+async def test_trl_accuracy_reward_with_math_verify():
+    pytest.importorskip("math_verify")  # a dev requirement; users install it beside trl
+    # TRL's accuracy_reward reads the completion's last \boxed{} answer and compares it with the solution
+    call = batch(texts=["so \\boxed{4}", "\\boxed{5}", "it is $\\boxed{5}$", "\\boxed{9}"])
     call.columns["solution"] = ["$4$", "$4$", "$5$", "$5$"]
     s = await rewards_of([{"function": "trl.rewards:accuracy_reward"}]).score(call)
     assert s.parts[0] == [1.0, 0.0, 1.0, 0.0]
