@@ -119,7 +119,8 @@ WIRE_BOUNDS: dict[str, Bound] = {
     "LoraSpec.target_modules[]": Bound(MAX_ID_CHARS, "a module name", printable=True),
     **{f"{m}.{f}": _label("one of the spec's choices") for m, f in (
         ("RunSpec", "dtype"), ("RunSpec", "device"), ("RunSpec", "adapter_payload"), ("GrpoSpec", "loss_agg"),
-        ("GrpoSpec", "scale_rewards"), ("GrpoSpec", "lr_schedule"))},
+        ("GrpoSpec", "scale_rewards"), ("GrpoSpec", "lr_schedule"), ("RunSpec", "topology"), ("LocalSgdSpec", "merge"),
+        ("LocalSgdSpec", "outer_optimizer"))},
 }
 
 

@@ -87,8 +87,30 @@ class RewardSpec(_message.Message):
     kwargs: str
     def __init__(self, function: _Optional[str] = ..., weight: _Optional[float] = ..., sandboxed: _Optional[bool] = ..., timeout_s: _Optional[float] = ..., kwargs: _Optional[str] = ...) -> None: ...
 
+class LocalSgdSpec(_message.Message):
+    __slots__ = ("local_steps", "upload_seconds", "min_contributions", "round_timeout_s", "merge", "outer_optimizer", "outer_lr", "outer_momentum", "stale_weight")
+    LOCAL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    UPLOAD_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    MIN_CONTRIBUTIONS_FIELD_NUMBER: _ClassVar[int]
+    ROUND_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    MERGE_FIELD_NUMBER: _ClassVar[int]
+    OUTER_OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
+    OUTER_LR_FIELD_NUMBER: _ClassVar[int]
+    OUTER_MOMENTUM_FIELD_NUMBER: _ClassVar[int]
+    STALE_WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    local_steps: int
+    upload_seconds: float
+    min_contributions: int
+    round_timeout_s: float
+    merge: str
+    outer_optimizer: str
+    outer_lr: float
+    outer_momentum: float
+    stale_weight: float
+    def __init__(self, local_steps: _Optional[int] = ..., upload_seconds: _Optional[float] = ..., min_contributions: _Optional[int] = ..., round_timeout_s: _Optional[float] = ..., merge: _Optional[str] = ..., outer_optimizer: _Optional[str] = ..., outer_lr: _Optional[float] = ..., outer_momentum: _Optional[float] = ..., stale_weight: _Optional[float] = ...) -> None: ...
+
 class RunSpec(_message.Message):
-    __slots__ = ("run_id", "model", "dtype", "device", "lora", "sampling", "grpo", "staleness", "rewards", "prompts_per_batch", "batches_per_step", "max_steps", "publish_every", "checkpoint_every", "seed", "adapter_payload", "eval_every", "sync", "epochs", "dataset", "eval_dataset", "revision", "trust_remote_code", "dataset_split", "eval_split", "prompt_column", "dataset_config", "report_to")
+    __slots__ = ("run_id", "model", "dtype", "device", "lora", "sampling", "grpo", "staleness", "rewards", "prompts_per_batch", "batches_per_step", "max_steps", "publish_every", "checkpoint_every", "seed", "adapter_payload", "eval_every", "sync", "epochs", "dataset", "eval_dataset", "revision", "trust_remote_code", "dataset_split", "eval_split", "prompt_column", "dataset_config", "report_to", "topology", "local_sgd")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -117,6 +139,8 @@ class RunSpec(_message.Message):
     PROMPT_COLUMN_FIELD_NUMBER: _ClassVar[int]
     DATASET_CONFIG_FIELD_NUMBER: _ClassVar[int]
     REPORT_TO_FIELD_NUMBER: _ClassVar[int]
+    TOPOLOGY_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_SGD_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     model: str
     dtype: str
@@ -145,7 +169,9 @@ class RunSpec(_message.Message):
     prompt_column: str
     dataset_config: str
     report_to: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, run_id: _Optional[str] = ..., model: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., lora: _Optional[_Union[LoraSpec, _Mapping]] = ..., sampling: _Optional[_Union[SamplingSpec, _Mapping]] = ..., grpo: _Optional[_Union[GrpoSpec, _Mapping]] = ..., staleness: _Optional[_Union[StalenessSpec, _Mapping]] = ..., rewards: _Optional[_Iterable[_Union[RewardSpec, _Mapping]]] = ..., prompts_per_batch: _Optional[int] = ..., batches_per_step: _Optional[int] = ..., max_steps: _Optional[int] = ..., publish_every: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., seed: _Optional[int] = ..., adapter_payload: _Optional[str] = ..., eval_every: _Optional[int] = ..., sync: _Optional[bool] = ..., epochs: _Optional[int] = ..., dataset: _Optional[str] = ..., eval_dataset: _Optional[str] = ..., revision: _Optional[str] = ..., trust_remote_code: _Optional[bool] = ..., dataset_split: _Optional[str] = ..., eval_split: _Optional[str] = ..., prompt_column: _Optional[str] = ..., dataset_config: _Optional[str] = ..., report_to: _Optional[_Iterable[str]] = ...) -> None: ...
+    topology: str
+    local_sgd: LocalSgdSpec
+    def __init__(self, run_id: _Optional[str] = ..., model: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., lora: _Optional[_Union[LoraSpec, _Mapping]] = ..., sampling: _Optional[_Union[SamplingSpec, _Mapping]] = ..., grpo: _Optional[_Union[GrpoSpec, _Mapping]] = ..., staleness: _Optional[_Union[StalenessSpec, _Mapping]] = ..., rewards: _Optional[_Iterable[_Union[RewardSpec, _Mapping]]] = ..., prompts_per_batch: _Optional[int] = ..., batches_per_step: _Optional[int] = ..., max_steps: _Optional[int] = ..., publish_every: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., seed: _Optional[int] = ..., adapter_payload: _Optional[str] = ..., eval_every: _Optional[int] = ..., sync: _Optional[bool] = ..., epochs: _Optional[int] = ..., dataset: _Optional[str] = ..., eval_dataset: _Optional[str] = ..., revision: _Optional[str] = ..., trust_remote_code: _Optional[bool] = ..., dataset_split: _Optional[str] = ..., eval_split: _Optional[str] = ..., prompt_column: _Optional[str] = ..., dataset_config: _Optional[str] = ..., report_to: _Optional[_Iterable[str]] = ..., topology: _Optional[str] = ..., local_sgd: _Optional[_Union[LocalSgdSpec, _Mapping]] = ...) -> None: ...
 
 class Prompt(_message.Message):
     __slots__ = ("id", "text", "columns", "messages_json", "columns_json")
