@@ -34,6 +34,8 @@ from brigade.v1 import brigade_pb2 as pb
 
 # prompts of one run (CreateRun): the store refuses more; the proxy's --max-prompts may lower it
 MAX_PROMPTS = 1_000_000
+# leases of one local_sgd contribution (local_steps x batches_per_step): bounds its manifest
+MAX_ROUND_LEASES = 256
 RUN_ID_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")  # whole string: fullmatch (a $ would accept "a\n")
 _INTERVAL = re.compile(r"^([\[(])(\S+), (\S+)([\])])$")  # "[0, 1)"
 _HALF_LINE = re.compile(r"^(>=|>) (\S+)$")  # ">= 1"
@@ -277,6 +279,9 @@ def validate_spec(spec: pb.RunSpec) -> None:
     if spec.topology == "local_sgd":  # what a round of local steps replaces
         if spec.sync:
             problems.append("sync: must be false with topology local_sgd (its rounds are the barrier)")
+        if spec.local_sgd.local_steps * spec.batches_per_step > MAX_ROUND_LEASES:
+            problems.append(f"local_sgd.local_steps: times batches_per_step must be at most {MAX_ROUND_LEASES} "
+                            "(the leases one contribution completes)")
         if spec.grpo.recompute_logprobs:
             problems.append("grpo.recompute_logprobs: must be false with topology local_sgd (local rollouts are "
                             "on-policy: each trainer generates with the weights it trains)")

@@ -300,6 +300,42 @@ class AdapterManifest(_message.Message):
     quantization_error: float
     def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., step: _Optional[int] = ..., uri: _Optional[str] = ..., files: _Optional[_Iterable[_Union[AdapterFile, _Mapping]]] = ..., payload: _Optional[str] = ..., created_ms: _Optional[int] = ..., quantization_error: _Optional[float] = ...) -> None: ...
 
+class ContributionManifest(_message.Message):
+    __slots__ = ("run_id", "contribution_id", "trainer_id", "base_version", "local_steps", "batch_ids", "empty_batch_ids", "uri", "sha256", "size_bytes", "num_samples", "reward_mean", "compute_seconds", "price_per_hour", "capacity_class", "created_ms")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    CONTRIBUTION_ID_FIELD_NUMBER: _ClassVar[int]
+    TRAINER_ID_FIELD_NUMBER: _ClassVar[int]
+    BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_IDS_FIELD_NUMBER: _ClassVar[int]
+    EMPTY_BATCH_IDS_FIELD_NUMBER: _ClassVar[int]
+    URI_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    REWARD_MEAN_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PRICE_PER_HOUR_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_CLASS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_MS_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    contribution_id: str
+    trainer_id: str
+    base_version: int
+    local_steps: int
+    batch_ids: _containers.RepeatedScalarFieldContainer[str]
+    empty_batch_ids: _containers.RepeatedScalarFieldContainer[str]
+    uri: str
+    sha256: str
+    size_bytes: int
+    num_samples: int
+    reward_mean: float
+    compute_seconds: float
+    price_per_hour: float
+    capacity_class: str
+    created_ms: int
+    def __init__(self, run_id: _Optional[str] = ..., contribution_id: _Optional[str] = ..., trainer_id: _Optional[str] = ..., base_version: _Optional[int] = ..., local_steps: _Optional[int] = ..., batch_ids: _Optional[_Iterable[str]] = ..., empty_batch_ids: _Optional[_Iterable[str]] = ..., uri: _Optional[str] = ..., sha256: _Optional[str] = ..., size_bytes: _Optional[int] = ..., num_samples: _Optional[int] = ..., reward_mean: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., price_per_hour: _Optional[float] = ..., capacity_class: _Optional[str] = ..., created_ms: _Optional[int] = ...) -> None: ...
+
 class Event(_message.Message):
     __slots__ = ("id", "run_id", "type", "time_ms", "attrs")
     class AttrsEntry(_message.Message):
@@ -429,6 +465,24 @@ class FailLeaseResponse(_message.Message):
     next_attempt: int
     def __init__(self, requeued: _Optional[bool] = ..., deadlettered: _Optional[bool] = ..., next_attempt: _Optional[int] = ...) -> None: ...
 
+class SubmitContributionRequest(_message.Message):
+    __slots__ = ("run_id", "trainer_id", "lease_ids", "manifest")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    TRAINER_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_IDS_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    trainer_id: str
+    lease_ids: _containers.RepeatedScalarFieldContainer[str]
+    manifest: ContributionManifest
+    def __init__(self, run_id: _Optional[str] = ..., trainer_id: _Optional[str] = ..., lease_ids: _Optional[_Iterable[str]] = ..., manifest: _Optional[_Union[ContributionManifest, _Mapping]] = ...) -> None: ...
+
+class SubmitContributionResponse(_message.Message):
+    __slots__ = ("duplicate",)
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    duplicate: bool
+    def __init__(self, duplicate: _Optional[bool] = ...) -> None: ...
+
 class PullRolloutsRequest(_message.Message):
     __slots__ = ("run_id", "max_manifests", "wait_ms", "include_pending", "learner_id")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
@@ -483,6 +537,36 @@ class AckRolloutsResponse(_message.Message):
     acked: int
     def __init__(self, acked: _Optional[int] = ...) -> None: ...
 
+class PullContributionsRequest(_message.Message):
+    __slots__ = ("run_id", "max_contributions", "wait_ms", "include_pending", "aggregator_id")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONTRIBUTIONS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_PENDING_FIELD_NUMBER: _ClassVar[int]
+    AGGREGATOR_ID_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    max_contributions: int
+    wait_ms: int
+    include_pending: bool
+    aggregator_id: str
+    def __init__(self, run_id: _Optional[str] = ..., max_contributions: _Optional[int] = ..., wait_ms: _Optional[int] = ..., include_pending: _Optional[bool] = ..., aggregator_id: _Optional[str] = ...) -> None: ...
+
+class PulledContribution(_message.Message):
+    __slots__ = ("delivery_id", "manifest")
+    DELIVERY_ID_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    delivery_id: str
+    manifest: ContributionManifest
+    def __init__(self, delivery_id: _Optional[str] = ..., manifest: _Optional[_Union[ContributionManifest, _Mapping]] = ...) -> None: ...
+
+class PullContributionsResponse(_message.Message):
+    __slots__ = ("contributions", "latest_adapter_version")
+    CONTRIBUTIONS_FIELD_NUMBER: _ClassVar[int]
+    LATEST_ADAPTER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    contributions: _containers.RepeatedCompositeFieldContainer[PulledContribution]
+    latest_adapter_version: int
+    def __init__(self, contributions: _Optional[_Iterable[_Union[PulledContribution, _Mapping]]] = ..., latest_adapter_version: _Optional[int] = ...) -> None: ...
+
 class PublishAdapterRequest(_message.Message):
     __slots__ = ("run_id", "manifest")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
@@ -522,7 +606,7 @@ class RunRef(_message.Message):
     def __init__(self, run_id: _Optional[str] = ...) -> None: ...
 
 class RunState(_message.Message):
-    __slots__ = ("spec", "latest_version", "learner_step", "batches_created", "queued", "leased", "completed", "consumed", "rejected", "revoked", "expired", "deadlettered", "stale_removed", "duplicates", "created_ms", "num_prompts", "finished")
+    __slots__ = ("spec", "latest_version", "learner_step", "batches_created", "queued", "leased", "completed", "consumed", "rejected", "revoked", "expired", "deadlettered", "stale_removed", "duplicates", "created_ms", "num_prompts", "finished", "contributions")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     LATEST_VERSION_FIELD_NUMBER: _ClassVar[int]
     LEARNER_STEP_FIELD_NUMBER: _ClassVar[int]
@@ -540,6 +624,7 @@ class RunState(_message.Message):
     CREATED_MS_FIELD_NUMBER: _ClassVar[int]
     NUM_PROMPTS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
+    CONTRIBUTIONS_FIELD_NUMBER: _ClassVar[int]
     spec: RunSpec
     latest_version: int
     learner_step: int
@@ -557,7 +642,8 @@ class RunState(_message.Message):
     created_ms: int
     num_prompts: int
     finished: bool
-    def __init__(self, spec: _Optional[_Union[RunSpec, _Mapping]] = ..., latest_version: _Optional[int] = ..., learner_step: _Optional[int] = ..., batches_created: _Optional[int] = ..., queued: _Optional[int] = ..., leased: _Optional[int] = ..., completed: _Optional[int] = ..., consumed: _Optional[int] = ..., rejected: _Optional[int] = ..., revoked: _Optional[int] = ..., expired: _Optional[int] = ..., deadlettered: _Optional[int] = ..., stale_removed: _Optional[int] = ..., duplicates: _Optional[int] = ..., created_ms: _Optional[int] = ..., num_prompts: _Optional[int] = ..., finished: _Optional[bool] = ...) -> None: ...
+    contributions: int
+    def __init__(self, spec: _Optional[_Union[RunSpec, _Mapping]] = ..., latest_version: _Optional[int] = ..., learner_step: _Optional[int] = ..., batches_created: _Optional[int] = ..., queued: _Optional[int] = ..., leased: _Optional[int] = ..., completed: _Optional[int] = ..., consumed: _Optional[int] = ..., rejected: _Optional[int] = ..., revoked: _Optional[int] = ..., expired: _Optional[int] = ..., deadlettered: _Optional[int] = ..., stale_removed: _Optional[int] = ..., duplicates: _Optional[int] = ..., created_ms: _Optional[int] = ..., num_prompts: _Optional[int] = ..., finished: _Optional[bool] = ..., contributions: _Optional[int] = ...) -> None: ...
 
 class ListRunsRequest(_message.Message):
     __slots__ = ()
