@@ -6,16 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from brigade_aggregator.averaging import Delta, average, averaging_error, modules, outer_step, weights
 
-from brigade_aggregator.averaging import (
-    Delta,
-    averaging_error,
-    average,
-    modules,
-    outer_step,
-    trained_names,
-    weights,
-)
+from brigade.adapters import trained_names
 
 D_IN, D_OUT, R = 12, 10, 4
 

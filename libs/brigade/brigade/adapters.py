@@ -30,6 +30,19 @@ MANIFEST = "manifest.pb"
 SCALE_SUFFIX = ".__scale__"
 
 
+A_SUFFIX, B_SUFFIX = "lora_A.weight", "lora_B.weight"
+MERGES = ("frozen_a", "factors")
+
+
+def trained_names(names, merge: str) -> list[str]:
+    """topology local_sgd: the adapter tensors the trainers train and send and the aggregator merges
+    (local_sgd.merge frozen_a: B only, A stays the seeded v0; factors: A and B)."""
+    if merge not in MERGES:
+        raise ValueError(f"merge {merge!r} is not one of {MERGES}")
+    suffixes = (B_SUFFIX,) if merge == "frozen_a" else (A_SUFFIX, B_SUFFIX)
+    return sorted(n for n in names if n.endswith(suffixes))
+
+
 class InvalidAdapter(ValueError):
     """Adapter files that are not safetensors, or whose tensors do not fit the model."""
 
@@ -120,7 +133,7 @@ async def write_version(
     )
     for name in sorted(files):
         data = files[name]
-        digest = await _put_once(bucket, prefix + name, data)
+        digest = await put_once(bucket, prefix + name, data)
         manifest.files.add(name=name, sha256=digest, size_bytes=len(data))
     try:
         await bucket.put_new(prefix + MANIFEST, manifest.SerializeToString())
@@ -132,7 +145,9 @@ async def write_version(
     return manifest
 
 
-async def _put_once(bucket: Bucket, key: str, data: bytes) -> str:
+async def put_once(bucket: Bucket, key: str, data: bytes) -> str:
+    """A create-only put that a retry may repeat: the same bytes already there are fine, other bytes
+    raise ObjectExists. Returns the sha256."""
     try:
         return await bucket.put_new(key, data)
     except ObjectExists:

@@ -130,9 +130,10 @@ def contribution_key(run: str, base_version: int, contribution: str) -> str:
     return f"runs/{run}/contributions/v{base_version:08d}/{contribution}.safetensors"
 
 
-def frozen_a_key(run: str) -> str:
-    """local_sgd with merge frozen_a: the LoRA A factors every process seeds as v0, written once."""
-    return f"runs/{run}/contributions/lora_a.safetensors"
+def base_adapter_key(run: str) -> str:
+    """local_sgd: the seeded v0 adapter every process builds (A and B, float32, with its
+    adapter_config.json), written once by the first trainer; the aggregator starts from it."""
+    return f"runs/{run}/contributions/v0.safetensors"
 
 
 def round_key(run: str, version: int) -> str:

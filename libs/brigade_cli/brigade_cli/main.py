@@ -36,6 +36,8 @@ SERVICE_COMMANDS = {
     "learner": ("brigade_learner.cli:learner", "brigade-learner"),
     "rollout": ("brigade_rollout.cli:rollout", "brigade-rollout"),
     "evaluator": ("brigade_evaluator.cli:evaluator", "brigade-evaluator"),
+    "trainer": ("brigade_learner.local_cli:trainer", "brigade-learner"),
+    "aggregator": ("brigade_aggregator.cli:aggregator", "brigade-aggregator"),
 }
 LOCAL_COMMANDS = {
     "up": "brigade_cli.up:up",

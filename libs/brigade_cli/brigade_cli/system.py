@@ -25,8 +25,9 @@ from pathlib import Path
 from brigade.log import json_env
 from brigade_cli.devservers import MOTO_ENV, ServerProcess, free_port, start_moto, start_redis, wait_for_port
 
-# stop order: workers first (they hand their leases back), the learner, then the coordination layer
-STOP_ORDER = {"rollout": 0, "evaluator": 0, "learner": 1, "janitor": 2, "proxy": 3}
+# stop order: workers and trainers first (they hand their leases back), the learner or the aggregator, then
+# the coordination layer
+STOP_ORDER = {"rollout": 0, "trainer": 0, "evaluator": 0, "learner": 1, "aggregator": 1, "janitor": 2, "proxy": 3}
 
 
 @dataclass

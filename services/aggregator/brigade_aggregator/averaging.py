@@ -32,16 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-A_SUFFIX, B_SUFFIX = "lora_A.weight", "lora_B.weight"
-MERGES = ("frozen_a", "factors")
-
-
-def trained_names(names: list[str] | set[str], merge: str) -> list[str]:
-    """The adapter tensors the trainers train, send and the aggregator averages."""
-    if merge not in MERGES:
-        raise ValueError(f"merge {merge!r} is not one of {MERGES}")
-    suffixes = (B_SUFFIX,) if merge == "frozen_a" else (A_SUFFIX, B_SUFFIX)
-    return sorted(n for n in names if n.endswith(suffixes))
+from brigade.adapters import A_SUFFIX, B_SUFFIX
 
 
 def modules(names: list[str] | set[str]) -> list[tuple[str, str]]:

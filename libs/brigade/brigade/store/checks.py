@@ -357,16 +357,26 @@ def check_rollout_manifest(run: str, m: pb.RolloutManifest) -> None:
 
 
 def check_contribution(run: str, trainer: str, lease_ids: Sequence[str], m: pb.ContributionManifest) -> None:
-    """Everything about a contribution that does not depend on its leases: the proxy checks it on
-    SubmitContribution, the aggregator again before it reads the object the manifest points at."""
+    """SubmitContribution's manifest against its request: its trainer and its leases."""
+    problems = []
+    if m.trainer_id != trainer:
+        problems.append(f"trainer_id {short(m.trainer_id)} is not the submitting trainer {short(trainer)}")
+    if len(lease_ids) != len(m.batch_ids):
+        problems.append(f"{len(m.batch_ids)} batch_ids for {len(lease_ids)} leases: one per lease")
+    if m.contribution_id != keys.contribution_id(run, trainer, list(lease_ids)):
+        problems.append("contribution_id must be keys.contribution_id(run, trainer, lease ids)")
+    _refuse("contribution", problems)
+    check_contribution_manifest(run, m)
+
+
+def check_contribution_manifest(run: str, m: pb.ContributionManifest) -> None:
+    """Everything about a contribution manifest alone: the proxy checks it on SubmitContribution, the
+    aggregator again before it reads the object the manifest points at."""
     problems = _run_mismatch(run, m.run_id)
     if problem := wire_problem(m):
         problems.append(problem)
-    if m.trainer_id != trainer:
-        problems.append(f"trainer_id {short(m.trainer_id)} is not the submitting trainer {short(trainer)}")
-    if not 1 <= len(lease_ids) == len(m.batch_ids) <= MAX_ROUND_LEASES:
-        problems.append(f"{len(m.batch_ids)} batch_ids for {len(lease_ids)} leases: one per lease, 1 to "
-                        f"{MAX_ROUND_LEASES}")
+    if not 1 <= len(m.batch_ids) <= MAX_ROUND_LEASES:
+        problems.append(f"a contribution has 1 to {MAX_ROUND_LEASES} batch_ids, not {len(m.batch_ids)}")
     for b in m.batch_ids:
         try:
             check_batch_id(run, b)
@@ -375,8 +385,8 @@ def check_contribution(run: str, trainer: str, lease_ids: Sequence[str], m: pb.C
             break
     if len(set(m.batch_ids)) != len(m.batch_ids) or not set(m.empty_batch_ids) <= set(m.batch_ids):
         problems.append("batch_ids must be distinct, and empty_batch_ids some of them")
-    if m.contribution_id != keys.contribution_id(run, trainer, list(lease_ids)):
-        problems.append("contribution_id must be keys.contribution_id(run, trainer, lease ids)")
+    if not re.fullmatch(r"[0-9a-f]{32}", m.contribution_id):
+        problems.append(f"contribution_id {short(m.contribution_id)} must be 32 lowercase hex characters")
     expected_uri = keys.contribution_key(run, m.base_version, m.contribution_id)
     if m.uri != expected_uri:
         problems.append(f"uri {short(m.uri)} must be exactly {expected_uri!r}")
