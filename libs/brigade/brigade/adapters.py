@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import json
 import time
+from typing import TYPE_CHECKING
 
 import torch
 from google.protobuf.message import DecodeError
-from peft import PeftModel, get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
@@ -22,6 +22,9 @@ from safetensors.torch import save as st_save
 from brigade import keys
 from brigade.bucket import Bucket, ObjectExists, sha256_hex
 from brigade.v1 import brigade_pb2 as pb
+
+if TYPE_CHECKING:
+    from peft import PeftModel
 
 WEIGHTS = "adapter_model.safetensors"
 WEIGHTS_INT8 = "adapter_model.int8.safetensors"
@@ -48,6 +51,9 @@ class InvalidAdapter(ValueError):
 
 
 def adapter_state(model: PeftModel) -> dict[str, torch.Tensor]:
+    from peft import get_peft_model_state_dict  # here: peft imports transformers (seconds), which the
+    # aggregator, reading and writing adapter files only, never needs
+
     return {k: v.detach() for k, v in get_peft_model_state_dict(model).items()}
 
 
@@ -106,6 +112,8 @@ def _load_safetensors(data: bytes, name: str) -> dict[str, torch.Tensor]:
 
 def apply(model: PeftModel, state: dict[str, torch.Tensor]) -> None:
     """Load adapter tensors into the model's active adapter, refusing wrong names or shapes."""
+    from peft import get_peft_model_state_dict, set_peft_model_state_dict
+
     expected = get_peft_model_state_dict(model)
     missing = sorted(set(expected) - set(state))
     unknown = sorted(set(state) - set(expected))

@@ -216,6 +216,8 @@ class Aggregator:
                 del self.waiting[cid]
                 self._rejected["stale"] += 1
                 self._late.append(c)
+                log.warning("contribution_rejected", contribution=cid, trainer=c.manifest.trainer_id[:200],
+                            base=c.manifest.base_version, reason="stale", detail=f"left behind by version {v}")
 
     async def _check(self, m: pb.ContributionManifest) -> averaging.Delta:
         v, cap = self.state.version, self.spec.staleness.max_staleness
@@ -310,6 +312,7 @@ class Aggregator:
             raise ConfigError(f"{key} already holds another round: is a second aggregator running on "
                               f"run {self.run_id}? Run one.") from None
         self.state = new
+        log.info("round_recorded", version=new.version, contributions=new.metrics["contributions"])
         await self._publish_and_ack(new)
         log.info("round", **{k: round(v, 6) if isinstance(v, float) else v for k, v in new.metrics.items()
                               if not k.startswith(("staleness/", "rejected/"))})
