@@ -336,13 +336,13 @@ class Aggregator:
             m = manifest if u == s.version else await adapters.read_manifest(self.bucket, self.run_id, u)
             req = pb.PublishAdapterRequest(run_id=self.run_id, manifest=m)
             await self._call("PublishAdapter", lambda req=req: self.client.learner.PublishAdapter(req, timeout=30))
-        s.metrics.update(adapter_bytes=sum(f.size_bytes for f in manifest.files if f.name != adapters.CONFIG),
-                         quantization_error=quant_error)
+        metrics = {**s.metrics, "quantization_error": quant_error,
+                   "adapter_bytes": sum(f.size_bytes for f in manifest.files if f.name != adapters.CONFIG)}
         try:
-            await self.bucket.put_new(keys.metrics_key(self.run_id, s.version), json.dumps(s.metrics, indent=1).encode())
+            await self.bucket.put_new(keys.metrics_key(self.run_id, s.version), json.dumps(metrics, indent=1).encode())
         except ObjectExists:
             pass  # written before a crash: the round it describes is the same recorded round
-        await self._ack(s.ack.delivery_ids, s.ack.consumed, s.ack.rejected, s.version, metrics_json(s.metrics))
+        await self._ack(s.ack.delivery_ids, s.ack.consumed, s.ack.rejected, s.version, metrics_json(metrics))
 
 
 def _usable(m: pb.ContributionManifest) -> list[str]:
