@@ -194,6 +194,11 @@ def up(
         overrides["max_steps"] = max_steps
     if topology:
         overrides["topology"] = topology
+    if not spec_path and topology == "local_sgd":
+        from brigade.demo.task import DEMO_LOCAL_SGD
+        from brigade.spec_file import merge_spec_data
+
+        overrides = merge_spec_data(overrides, DEMO_LOCAL_SGD)
     try:
         if spec_path and not run and "run_id" not in read_spec_file(spec_path):
             if resume:
@@ -236,7 +241,7 @@ def up(
         _create(system, spec, resume, prompts)
         created = True
         write_endpoint(out_dir, spec.run_id, proxy)
-        _write_spec(out_dir, spec)
+        write_spec(out_dir, spec)
         system.spawn("janitor", ["janitor"])
         driver, fleet = spawn_training(system, spec, workers, out_dir / "run.yaml")
         if evaluator:
@@ -342,7 +347,7 @@ def _create(system, spec, resume: bool, prompts) -> None:
         raise _Refused(describe_rpc_error(e, system.proxy)) from None
 
 
-def _write_spec(out_dir: Path, spec) -> None:
+def write_spec(out_dir: Path, spec) -> None:
     """run.yaml (what the learner reads) and run.json, once the proxy accepted the spec."""
     import yaml
 

@@ -48,6 +48,16 @@ DEMO_RUN = {
     "rewards": [{"function": "demo_sum", "weight": 1.0}],
 }
 
+# The demo under topology local_sgd (`brigade up --demo --topology local_sgd`, `brigade bench topology`),
+# over DEMO_RUN: DiLoCo's outer step (Nesterov, lr 0.7, momentum 0.9) and, A being frozen (half the
+# parameters move), twice the inner learning rate. Single runs of 6 rounds of 2 trainers x 4 local
+# steps (load average ~6) ended at a round reward of 0.78, against 0.44 with plain averaging at 2e-3
+# and 0.57 with Nesterov at 2e-3.
+DEMO_LOCAL_SGD = {
+    "local_sgd": {"local_steps": 4, "outer_optimizer": "nesterov", "outer_lr": 0.7, "outer_momentum": 0.9},
+    "grpo": {"learning_rate": 2 * DEMO_LR},
+}
+
 # Special tokens as they appear in decoded text when skip_special_tokens=False.
 BOS, EOS, PAD, UNK = "<bos>", "<eos>", "<pad>", "<unk>"
 
