@@ -5,8 +5,8 @@ local-folder bucket, proxy, janitor); plus local_sgd with K = 2 where one traine
 and restarted, as `brigade up` restarts a service that dies.
 
 Each topology runs at its own tuned settings: central at the demo's (brigade.demo.task.DEMO_RUN),
-local_sgd at DEMO_LOCAL_SGD over them (merge frozen_a, DiLoCo's Nesterov outer step, twice the inner
-learning rate), local_steps H = 4 and M = K (each round waits for every trainer, up to its 30 s
+local_sgd at DEMO_LOCAL_SGD over them (merge frozen_a, plain averaging, twice the inner learning
+rate), local_steps H = 4 and M = K (each round waits for every trainer, up to its 30 s
 deadline); its number of rounds is the budget over K x H batches. Nothing
 is simulated: the real demo model generates on every process, on a 2-core machine that K + 3
 processes share, so every wall-clock figure includes CPU contention (and the load of other jobs: the

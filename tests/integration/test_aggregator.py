@@ -143,3 +143,30 @@ async def test_rounds_merge_reject_and_replay(env, token_proxy, tmp_path):
     assert LAST[0].contribution_id in again.state.merged
     await again._admit(pb.PulledContribution(delivery_id="1-1", manifest=LAST[0]))
     assert not again.waiting
+
+
+async def test_nesterov_momentum_survives_a_restart(env, token_proxy, tmp_path):
+    """DiLoCo's outer optimizer: its buffer is in every round record, so a restarted aggregator steps
+    exactly as one that never stopped."""
+    from brigade_aggregator import averaging
+
+    store, bucket, client = env
+    run, spec, _ = await start(store, bucket, outer_optimizer="nesterov", outer_lr=0.7, outer_momentum=0.9)
+    agg = aggregator(run, spec, bucket, client, token_proxy, tmp_path)
+    await agg.resume()
+    for v in range(2):
+        base = agg.state.master[B].bfloat16().float() if v else torch.zeros(4, 2)
+        await contribute(store, bucket, run, "t1", v, base + 1.0)
+        await contribute(store, bucket, run, "t2", v, base + 3.0)
+        await agg.round()
+    assert agg.state.momentum and torch.allclose(agg.state.momentum[B], torch.full((4, 2), -2.0 * 0.9 - 2.0))
+    again = aggregator(run, spec, bucket, client, token_proxy, tmp_path)
+    await again.resume()
+    assert torch.equal(again.state.momentum[B], agg.state.momentum[B])
+    want = averaging.outer_step(agg.state.master, agg.state.momentum, {B: torch.full((4, 2), 2.0)}, "nesterov",
+                                0.7, 0.9).master[B]
+    base = again.state.master[B].bfloat16().float()
+    await contribute(store, bucket, run, "t1", 2, base + 2.0)
+    await contribute(store, bucket, run, "t2", 2, base + 2.0)
+    await again.round()
+    assert torch.allclose(again.state.master[B], want, atol=1e-6)
