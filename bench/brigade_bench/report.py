@@ -290,11 +290,21 @@ def topology_notes(r: dict) -> str:
         f"Load average {r.get('load_before', '?')} before, {r.get('load_after', '?')} after. Every configuration "
         f"trains on the same {r['budget_batches']} batches of 64 samples; local_sgd in rounds of K x "
         f"{r['local_steps']} batches, so it publishes K x {r['local_steps']} times fewer versions.", "", *rows, "",
-        "Held-out scores are the evaluator's (80 samples): differences under about 0.1 are noise. The kill run's "
-        f"trainer lost {r.get('local_sgd_k2_kill_lost_local_steps', '?')} local steps; its leases expired "
-        f"({r.get('local_sgd_k2_kill_expired_leases', '?')} expired leases) and their batches were generated again "
-        f"by the others; {r.get('local_sgd_k2_kill_deadline_rounds', '?')} rounds closed short of K at their deadline "
-        "while it restarted."])
+        "Held-out scores are the evaluator's (80 samples): differences under about 0.1 are noise. "
+        + _kill_note(r)])
+
+
+def _kill_note(r: dict) -> str:
+    if not r.get("local_sgd_k2_kill_killed"):
+        return "The kill run's kill did not happen."
+    expired = r.get("local_sgd_k2_kill_expired_leases", 0)
+    leases = (f"{expired} of its leases expired and their batches were generated again" if expired else
+              "its leases had not expired when the run ended (lease_seconds 30), so their batches were still in "
+              "flight")
+    return (f"The killed trainer lost {r['local_sgd_k2_kill_lost_local_steps']} local steps; {leases}; the kill "
+            f"run took {r['local_sgd_k2_kill_wall_s'] - r['local_sgd_k2_wall_s']:+.0f} s against the run without "
+            f"it, mostly its replacement's start-up (the round waits for M = K contributions; "
+            f"{r.get('local_sgd_k2_kill_deadline_rounds', 0)} rounds closed short at their deadline).")
 
 
 NOTES = {"fleet": fleet_notes, "sync-latency": sync_notes, "preemption": preemption_notes, "topology": topology_notes}
