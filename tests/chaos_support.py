@@ -33,7 +33,7 @@ from brigade import keys
 from brigade.spec_file import build_spec, merge_spec_data, spec_to_dict
 from brigade.v1 import brigade_pb2 as pb
 from brigade_cli.devservers import MOTO_ENV
-from brigade_cli.system import LocalSystem, Service, run_each
+from brigade_cli.system import LocalSystem, Service, read_json_lines, run_each
 
 TOKEN = "chaos-token"
 IN_FLIGHT_LEASE_PERIODS = 4  # the audit's bound on how long a batch may have been in flight at the end
@@ -295,23 +295,10 @@ class System(LocalSystem):
 
     def log_events(self, name: str, new_only: bool = True) -> list[dict]:
         """JSON log lines of a service (every life: the log is appended to)."""
-        path = self.logs / f"{name}.log"
-        if not path.exists():
-            return []
-        with path.open("rb") as f:
-            if new_only:
-                f.seek(self._log_pos.get(name, 0))
-            data = f.read()
-        end = data.rfind(b"\n") + 1
+        events, end = read_json_lines(self.logs / f"{name}.log", self._log_pos.get(name, 0) if new_only else 0)
         if new_only:
-            self._log_pos[name] = self._log_pos.get(name, 0) + end
-        out = []
-        for line in data[:end].splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                continue
-        return out
+            self._log_pos[name] = end
+        return events
 
     def learner_step(self) -> int:
         """The last step the proxy knows was checkpointed and acked."""
@@ -398,9 +385,7 @@ class System(LocalSystem):
         work = [b for _, b in work_entries]
         pending_rollouts = [b for _, b in rollout_entries]
         metrics_rows = [m for _, m in metrics_entries]
-        n_prompts = len(self._prompts())
-        bpe = -(-n_prompts // self.spec.prompts_per_batch)
-        created = [keys.batch_id(self.run, n // bpe, n % bpe) for n in range(cursor)]
+        created = self.created_batches(cursor)
 
         # every batch in exactly one place
         dead_ids = [b for b, _ in dead]
@@ -504,6 +489,11 @@ class System(LocalSystem):
             problems.append("created != consumed + rejected + deadlettered + in_flight + vanished")
         report["problems"] = problems
         return report
+
+    def created_batches(self, cursor: int) -> list[str]:
+        """The ids of the first `cursor` batches cut, in order."""
+        bpe = -(-len(self._prompts()) // self.spec.prompts_per_batch)
+        return [keys.batch_id(self.run, n // bpe, n % bpe) for n in range(cursor)]
 
     def _prompts(self) -> list[pb.Prompt]:
         from brigade.datasets import load_prompts

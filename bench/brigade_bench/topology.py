@@ -37,6 +37,7 @@ from pathlib import Path
 
 from brigade_bench import system
 from brigade_bench.report import loadavg
+from brigade_cli.system import read_json_lines
 
 FULL = dict(budget_batches=96, ks=(2, 4), local_steps=4, timeout_s=600)
 QUICK = dict(budget_batches=48, ks=(2,), local_steps=4, timeout_s=300)
@@ -156,27 +157,12 @@ class LogTail:
     def __init__(self, path: Path):
         self.path, self.pos = path, 0
 
-    def lines(self) -> list[dict]:
-        if not self.path.exists():
-            return []
-        with self.path.open("rb") as f:
-            f.seek(self.pos)
-            data = f.read()
-        end = data.rfind(b"\n") + 1
-        self.pos += end
-        out = []
-        for line in data[:end].splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                continue
-        return out
-
     def skip(self) -> None:
-        self.lines()
+        _, self.pos = read_json_lines(self.path, self.pos)
 
     def saw_local_step(self, n: int) -> bool:
-        return any(e.get("event") == "local_step" and e.get("step") == n for e in self.lines())
+        events, self.pos = read_json_lines(self.path, self.pos)
+        return any(e.get("event") == "local_step" and e.get("step") == n for e in events)
 
 
 def _lost_steps(log: Path, killed_at: float | None) -> int:
@@ -184,11 +170,10 @@ def _lost_steps(log: Path, killed_at: float | None) -> int:
     import datetime as dt
 
     lost = 0
-    for line in log.read_text(errors="replace").splitlines() if killed_at and log.exists() else []:
+    for e in read_json_lines(log)[0] if killed_at else []:
         try:
-            e = json.loads(line)
             stamp = dt.datetime.fromisoformat(e["timestamp"].replace("Z", "+00:00")).timestamp()
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, AttributeError):
             continue
         if stamp > killed_at:
             break

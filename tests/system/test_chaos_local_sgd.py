@@ -80,9 +80,7 @@ class LocalSgdSystem(System):
             events = [f for _, f in r.xrange(k.events)]
         submitted = {f[b"contribution"].decode() for f in events if f.get(b"type") == b"ContributionSubmitted"}
         announced = sorted({int(f[b"version"]) for f in events if f.get(b"type") == b"AdapterPublished"})
-        bpe = -(-len(self._prompts()) // self.spec.prompts_per_batch)
-        created = [keys.batch_id(self.run, n // bpe, n % bpe) for n in range(cursor)]
-        vanished = locate_batches(created, (
+        vanished = locate_batches(self.created_batches(cursor), (
             ("consumed", consumed), ("rejected", rejected), ("deadlettered", dead), ("queued_or_leased", work),
             ("in_waiting_contribution", [b for m in waiting for b in m.batch_ids])), problems)
 
@@ -181,23 +179,14 @@ class AggregatorAssassin(threading.Thread):
             return "after_publish" if r.hexists(k.adapters, str(version)) else "after_record"
 
     def run(self) -> None:
-        path, pos = self.s.logs / "aggregator.log", 0
         while not self.done.is_set() and self.versions:
-            if self.killed.is_set() or not path.exists():
-                time.sleep(0.005)
-                continue
-            with path.open("rb") as f:
-                f.seek(pos)
-                data = f.read()
-            end = data.rfind(b"\n") + 1
-            pos += end
-            for line in data[:end].splitlines():
-                if b"round_recorded" in line and json.loads(line).get("version") == self.versions[0]:
-                    self.killed.set()
-                    self.s.kill("aggregator")
-                    v = self.versions.pop(0)
-                    self.kills.append({"version": v, "phase": self.phase_of(v)})
-                    break
+            if not self.killed.is_set() and any(
+                    e.get("event") == "round_recorded" and e.get("version") == self.versions[0]
+                    for e in self.s.log_events("aggregator")):
+                self.killed.set()
+                self.s.kill("aggregator")
+                v = self.versions.pop(0)
+                self.kills.append({"version": v, "phase": self.phase_of(v)})
             time.sleep(0.005)
 
 

@@ -243,6 +243,24 @@ def run_each(steps: Iterable[Callable[[], object] | None]) -> None:
         raise errors[0]
 
 
+def read_json_lines(path: Path, since: int = 0) -> tuple[list[dict], int]:
+    """The JSON lines of a service's log from byte `since` on, whole lines only (a line still being
+    written is left for the next read), and the byte where they end."""
+    if not path.exists():
+        return [], since
+    with path.open("rb") as f:
+        f.seek(since)
+        data = f.read()
+    end = data.rfind(b"\n") + 1
+    out = []
+    for line in data[:end].splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out, since + end
+
+
 def redis_answers(url: str) -> bool:
     import redis
 

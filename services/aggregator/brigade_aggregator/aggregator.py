@@ -39,6 +39,7 @@ from brigade.bucket import Bucket, BucketError, CorruptObject, ObjectExists, Obj
 from brigade.config import ConfigError
 from brigade.retry import Backoff, retry
 from brigade.rpc import ProxyClient, retry_unavailable
+from brigade.service import until_signal
 from brigade.store.checks import MAX_METRICS_JSON, check_contribution_manifest
 from brigade.store.errors import InvalidArgument
 from brigade.v1 import brigade_pb2 as pb
@@ -364,25 +365,7 @@ async def serve(cfg: AggregatorConfig) -> signal.Signals | None:
         if spec.topology != "local_sgd":
             raise ConfigError(f"run {cfg.run} has topology {spec.topology or 'central'}: it has a learner, "
                               "not an aggregator")
-        main, loop, signalled = asyncio.current_task(), asyncio.get_running_loop(), []
-
-        def stop(sig: signal.Signals) -> None:  # every point is crash-safe: stop at once
-            signalled.append(sig)
-            main.cancel()
-
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop, sig)
-        try:
-            await Aggregator(cfg, spec, bucket, client).run()
-        except asyncio.CancelledError:
-            if not signalled:
-                raise
-            log.info("stopped_by_signal", signal=signalled[0].name)
-            return signalled[0]
-        finally:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(sig)
-        return None
+        return await until_signal(Aggregator(cfg, spec, bucket, client).run())  # every point is crash-safe
     finally:
         await bucket.close()
         await client.close()

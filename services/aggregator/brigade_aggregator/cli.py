@@ -34,14 +34,9 @@ def aggregator(
     Resumes from its newest round record in the bucket. Exits 0 after max_steps rounds; 128 + the
     signal's number when SIGTERM or SIGINT stopped it first.
     """
-    import asyncio
-
-    import grpc
-
-    from brigade.config import ConfigError
     from brigade.log import configure_logging
     from brigade.prom import serve_metrics
-    from brigade.rpc import describe_rpc_error
+    from brigade.service import exit_with
 
     log = configure_logging("aggregator", log_level)
     serve_metrics(metrics_port)
@@ -49,16 +44,7 @@ def aggregator(
 
     cfg = AggregatorConfig(proxy=proxy, bucket=bucket, run=run, token=token, tls_ca=tls_ca,
                            aggregator_id=aggregator_id, keep_rounds=keep_rounds)
-    try:
-        stopped_by = asyncio.run(serve(cfg))
-    except grpc.aio.AioRpcError as e:
-        log.error("proxy_error", error=describe_rpc_error(e, proxy))
-        raise typer.Exit(1) from None
-    except ConfigError as e:
-        log.error("config_error", error=str(e))
-        raise typer.Exit(2) from None
-    if stopped_by is not None:
-        raise typer.Exit(128 + stopped_by)
+    exit_with(lambda: serve(cfg), log, proxy)
 
 
 def main() -> None:

@@ -42,6 +42,7 @@ from brigade.bucket import (
 from brigade.config import ConfigError
 from brigade.retry import retry
 from brigade.rpc import PROXY_BACKOFF, ProxyClient, retry_unavailable
+from brigade.service import until_signal
 from brigade.spec_file import build_spec, spec_to_dict
 from brigade.store.checks import MAX_METRICS_JSON
 from brigade.trackers import open_trackers
@@ -443,25 +444,7 @@ async def serve(cfg: LearnerConfig) -> signal.Signals | None:
         log.info("model_ready", model=spec.model, dtype=spec.dtype, device=str(trainer.device),
                  trainable=sum(p.numel() for p in trainer.model.parameters() if p.requires_grad))
         # SIGTERM (an orchestrator, `brigade up`) stops at once: every point is crash-safe anyway
-        main, loop, signalled = asyncio.current_task(), asyncio.get_running_loop(), []
-
-        def stop(sig: signal.Signals) -> None:
-            signalled.append(sig)
-            main.cancel()
-
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop, sig)
-        try:
-            await Learner(cfg, spec, bucket, client, trainer).run()
-        except asyncio.CancelledError:
-            if not signalled:
-                raise
-            log.info("stopped_by_signal", signal=signalled[0].name)
-            return signalled[0]
-        finally:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(sig)
-        return None
+        return await until_signal(Learner(cfg, spec, bucket, client, trainer).run())
     finally:
         await bucket.close()
         await client.close()

@@ -56,6 +56,7 @@ from brigade.retry import retry
 from brigade.rewards import RewardCall, RewardSet, RqSandbox, TrainerState, reward_queue
 from brigade.rollout_format import Rollout, build_rollout
 from brigade.rpc import PROXY_BACKOFF, ProxyClient, retry_unavailable
+from brigade.service import until_signal
 from brigade.v1 import brigade_pb2 as pb
 from brigade_learner.ingest import READ_BACKOFF, drop_nonfinite
 from brigade_learner.trainer import Trainer
@@ -332,7 +333,7 @@ class LocalTrainer:
 
 # ---------------------------------------------------------------- wiring
 
-async def serve(cfg: TrainerConfig) -> None:
+async def serve(cfg: TrainerConfig) -> signal.Signals | None:
     """Train rounds until the run is finished (with exit_when_finished) or SIGTERM / SIGINT."""
     client = ProxyClient.connect(cfg.proxy, cfg.token, cfg.tls_ca)
     bucket = open_bucket(cfg.bucket)
@@ -361,23 +362,8 @@ async def serve(cfg: TrainerConfig) -> None:
         local = LocalTrainer(cfg, spec, bucket, client, trainer, tokenizer, rewards)
         log.info("trainer_ready", run=cfg.run, trainer=cfg.trainer_id, model=spec.model, merge=spec.local_sgd.merge,
                  local_steps=spec.local_sgd.local_steps, trained=len(local.trained))
-        main, loop = asyncio.current_task(), asyncio.get_running_loop()
-
-        def stop(sig: signal.Signals) -> None:  # hand the round's leases back, then exit 0
-            log.info("stopping", signal=sig.name)
-            local.stop()
-            main.cancel()
-
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop, sig)
-        try:
-            await local.run()
-        except asyncio.CancelledError:
-            if not local._stopping.is_set():
-                raise
-        finally:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(sig)
+        # a signal hands the round's leases back (run()'s finally), then the trainer exits 0
+        return await until_signal(local.run(), on_signal=lambda sig: local.stop())
     finally:
         if rewards is not None:
             await rewards.close()
