@@ -13,7 +13,7 @@ import sys
 
 from test_up import processes_using
 
-ROUNDS = 12
+ROUNDS = 10
 
 
 def test_brigade_up_local_sgd_climbs(tmp_path):

@@ -23,6 +23,7 @@ has published, at most `staleness.max_staleness` behind the round (older: stale)
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import signal
 import time
@@ -35,10 +36,19 @@ from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 
 from brigade import adapters, keys
-from brigade.bucket import Bucket, BucketError, CorruptObject, ObjectExists, ObjectNotFound, open_bucket
+from brigade.bucket import (
+    Bucket,
+    BucketError,
+    CorruptObject,
+    CreateOnlyIgnored,
+    ObjectExists,
+    ObjectNotFound,
+    check_create_only,
+    open_bucket,
+)
 from brigade.config import ConfigError
 from brigade.retry import Backoff, retry
-from brigade.rpc import ProxyClient, retry_unavailable
+from brigade.rpc import PROXY_BACKOFF, ProxyClient, retry_unavailable
 from brigade.service import until_signal
 from brigade.store.checks import MAX_METRICS_JSON, check_contribution_manifest
 from brigade.store.errors import InvalidArgument
@@ -49,6 +59,7 @@ from brigade_aggregator.rounds import RoundAck, RoundState
 log = structlog.get_logger()
 READ_BACKOFF = Backoff(base_s=0.5, cap_s=5.0)
 V0_WAIT_S = 1.0   # until the first trainer has written the seeded v0
+HEADER_SLACK = 1 << 20  # a contribution's safetensors header, beyond its float32 tensors
 
 
 @dataclass
@@ -138,12 +149,13 @@ class Aggregator:
     async def _read_v0(self) -> tuple[dict[str, torch.Tensor], bytes]:
         """The seeded v0 the trainers wrote (brigade_learner.local): A, B and adapter_config.json."""
         key = keys.base_adapter_key(self.run_id)
-        while True:
+        for tries in itertools.count():
             try:
                 data = await self._bucket("reading the v0 adapter", lambda: self.bucket.get(key))
                 break
             except ObjectNotFound:
-                log.info("waiting for a trainer to write the v0 adapter", key=key)
+                if tries % 60 == 0:
+                    log.info("waiting for a trainer to write the v0 adapter", key=key)
                 await asyncio.sleep(V0_WAIT_S)
         try:
             return st_load(data), rounds.metadata(data)["adapter_config"].encode()
@@ -232,12 +244,17 @@ class Aggregator:
             raise Rejected("stale", f"base version {m.base_version} is {v - m.base_version} behind {v} (max {cap})")
         if m.num_samples == 0 or m.local_steps == 0:
             raise Rejected("empty", "no usable sample was trained on")
+        limit = sum(self.state.master[n].numel() * 4 for n in self.trained) + HEADER_SLACK
+        if m.size_bytes > limit:
+            raise Rejected("invalid", f"{m.size_bytes} bytes; float32 trained factors take at most {limit}")
         try:
             data = await self._bucket(f"reading {m.uri}", lambda: self.bucket.get(m.uri, sha256=m.sha256))
         except CorruptObject as e:
             raise Rejected("corrupt", str(e)) from None
         except ObjectNotFound as e:
             raise Rejected("missing", str(e)) from None
+        if len(data) != m.size_bytes:
+            raise Rejected("corrupt", f"object is {len(data)} bytes, the manifest says {m.size_bytes}")
         try:
             tensors = st_load(data)
         except (SafetensorError, ValueError) as e:
@@ -360,6 +377,9 @@ async def serve(cfg: AggregatorConfig) -> signal.Signals | None:
     bucket = open_bucket(cfg.bucket)
     try:
         await bucket.ensure()
+        # round records and versions are create-only: a store that ignores If-None-Match is refused (exit 2)
+        await retry(lambda: check_create_only(bucket, cfg.run), backoff=PROXY_BACKOFF, attempts=10,
+                    retryable=lambda e: isinstance(e, BucketError) and not isinstance(e, CreateOnlyIgnored))
         spec = (await retry_unavailable("GetRun", lambda: client.runs.GetRun(pb.RunRef(run_id=cfg.run), timeout=30),
                                         cfg.proxy)).spec
         if spec.topology != "local_sgd":
