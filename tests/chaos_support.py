@@ -33,7 +33,7 @@ from brigade import keys
 from brigade.spec_file import build_spec, merge_spec_data, spec_to_dict
 from brigade.v1 import brigade_pb2 as pb
 from brigade_cli.devservers import MOTO_ENV
-from brigade_cli.system import LocalSystem, Service, run_each
+from brigade_cli.system import LocalSystem, Service, read_json_lines, run_each
 
 TOKEN = "chaos-token"
 IN_FLIGHT_LEASE_PERIODS = 4  # the audit's bound on how long a batch may have been in flight at the end
@@ -101,7 +101,8 @@ class BucketWatcher(threading.Thread):
 
     @staticmethod
     def write_once(rel: str) -> bool:
-        return (rel.startswith("adapters/") or (rel.startswith("checkpoints/") and rel.endswith("/manifest.json"))
+        return (rel.startswith(("adapters/", "rounds/", "contributions/"))
+                or (rel.startswith("checkpoints/") and rel.endswith("/manifest.json"))
                 or (rel.startswith("rollouts/") and rel.endswith(".safetensors")))
 
     def _digest(self, key: str) -> str | None:
@@ -156,6 +157,25 @@ def aof_tail_file(redis_dir: Path) -> Path:
     return folder / name
 
 
+def locate_batches(created: list[str], holders, problems: list[str]) -> list[str]:
+    """Every batch cut must be in exactly one of `holders` ((where, batch ids) pairs): the problems
+    go to `problems`; returns the batches that are nowhere (vanished)."""
+    places: dict[str, list[str]] = {b: [] for b in created}
+    for where, ids in holders:
+        for b in ids:
+            if b not in places:
+                problems.append(f"{where} holds {b!r}, which was never cut")
+                continue
+            places[b].append(where)
+    vanished = sorted(b for b, p in places.items() if not p)
+    twice = {b: p for b, p in places.items() if len(p) > 1}
+    if vanished:
+        problems.append(f"{len(vanished)} batches vanished: {vanished[:10]}")
+    if twice:
+        problems.append(f"batches in more than one terminal/queued state: {dict(list(twice.items())[:10])}")
+    return vanished
+
+
 # ---------------------------------------------------------------- processes
 
 
@@ -171,6 +191,9 @@ def clean_env() -> dict[str, str]:
 class System(LocalSystem):
     """One run, every service a process, on moto's S3 (behind the fault-injecting proxy when given
     `faults`). Use as a context manager (everything is stopped on exit)."""
+
+    driver = "learner"         # the service whose exit 0 ends the run
+    fleet = "rollout-"         # the replaceable processes, one slot each
 
     def __init__(self, workdir: Path, spec: pb.RunSpec, *, workers: int = 3, faults=None, token: str = TOKEN,
                  janitor_interval: float = 0.5, worker_args: dict[int, list[str]] | None = None):
@@ -215,6 +238,9 @@ class System(LocalSystem):
         self.watcher = BucketWatcher(self.moto.url, self.bucket_name, self.bucket_root, self.run)
         self.watcher.start()
         self.spawn("janitor", ["janitor", "--interval", str(self.janitor_interval), "--lock-ttl-ms", "2000"])
+        self.start_training(spec_path)
+
+    def start_training(self, spec_path: Path) -> None:
         # every checkpoint is kept: the audit reads the learner's whole lineage from them
         self.spawn("learner", ["learner", "--run", self.run, "--spec", str(spec_path), "--keep-checkpoints", "0"])
         for i in range(self.n_workers):
@@ -226,7 +252,7 @@ class System(LocalSystem):
 
     def restart(self, name: str, args: list[str] | None = None) -> Service:
         self.note("start", name)
-        if name.startswith("rollout-"):
+        if name.startswith(self.fleet):
             args, _ = self._worker_life(int(name.split("-")[1]))
         return super().restart(name, args)
 
@@ -250,7 +276,7 @@ class System(LocalSystem):
         self.events.append({"t": round(time.monotonic() - self.t0, 2), "what": what, "service": name, **info})
 
     def worker_names(self) -> list[str]:
-        return sorted(n for n in self.services if n.startswith("rollout-"))
+        return sorted(n for n in self.services if n.startswith(self.fleet))
 
     def close(self) -> None:
         """Stop everything; each step runs even if an earlier one failed (no server is leaked)."""
@@ -269,23 +295,10 @@ class System(LocalSystem):
 
     def log_events(self, name: str, new_only: bool = True) -> list[dict]:
         """JSON log lines of a service (every life: the log is appended to)."""
-        path = self.logs / f"{name}.log"
-        if not path.exists():
-            return []
-        with path.open("rb") as f:
-            if new_only:
-                f.seek(self._log_pos.get(name, 0))
-            data = f.read()
-        end = data.rfind(b"\n") + 1
+        events, end = read_json_lines(self.logs / f"{name}.log", self._log_pos.get(name, 0) if new_only else 0)
         if new_only:
-            self._log_pos[name] = self._log_pos.get(name, 0) + end
-        out = []
-        for line in data[:end].splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                continue
-        return out
+            self._log_pos[name] = end
+        return events
 
     def learner_step(self) -> int:
         """The last step the proxy knows was checkpointed and acked."""
@@ -316,7 +329,7 @@ class System(LocalSystem):
             rc = svc.proc.poll() if svc.proc is not None else None
             if rc is None or rc == -signal.SIGKILL:
                 continue
-            if rc == 0 and (name == "learner" or name.startswith("rollout-")):
+            if rc == 0 and (name == self.driver or name.startswith(self.fleet)):
                 continue
             raise AssertionError(f"{name} exited with code {rc} without being killed; log tail:\n{svc.tail()}")
 
@@ -325,13 +338,13 @@ class System(LocalSystem):
         return f"learner_step={self.learner_step()} alive={alive}"
 
     def finish(self, timeout: float) -> None:
-        """Wait for the learner to reach max_steps and exit 0, then for the workers to see the run
-        finished and exit 0; then stop the janitor and the proxy."""
-        learner = self.services["learner"]
-        self.wait_until(lambda: not learner.alive(), timeout, "the learner to finish", every=0.2)
-        assert learner.proc.returncode == 0, (f"learner exited {learner.proc.returncode}; log tail:\n"
-                                              f"{(self.logs / 'learner.log').read_text()[-3000:]}")
-        self.note("exit", "learner", rc=0)
+        """Wait for the learner (the driver) to reach max_steps and exit 0, then for the workers to see
+        the run finished and exit 0; then stop the janitor and the proxy."""
+        learner = self.services[self.driver]
+        self.wait_until(lambda: not learner.alive(), timeout, f"the {self.driver} to finish", every=0.2)
+        assert learner.proc.returncode == 0, (f"{self.driver} exited {learner.proc.returncode}; log tail:\n"
+                                              f"{(self.logs / f'{self.driver}.log').read_text()[-3000:]}")
+        self.note("exit", self.driver, rc=0)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and any(self.services[w].alive() for w in self.worker_names()):
             time.sleep(0.2)
@@ -372,26 +385,13 @@ class System(LocalSystem):
         work = [b for _, b in work_entries]
         pending_rollouts = [b for _, b in rollout_entries]
         metrics_rows = [m for _, m in metrics_entries]
-        n_prompts = len(self._prompts())
-        bpe = -(-n_prompts // self.spec.prompts_per_batch)
-        created = [keys.batch_id(self.run, n // bpe, n % bpe) for n in range(cursor)]
+        created = self.created_batches(cursor)
 
         # every batch in exactly one place
         dead_ids = [b for b, _ in dead]
-        places: dict[str, list[str]] = {b: [] for b in created}
-        for where, ids in (("consumed", consumed), ("rejected", rejected), ("deadlettered", dead_ids),
-                           ("queued_or_leased", work), ("completed_not_acked", pending_rollouts)):
-            for b in ids:
-                if b not in places:
-                    problems.append(f"{where} holds {b!r}, which was never cut")
-                    continue
-                places[b].append(where)
-        vanished = sorted(b for b, p in places.items() if not p)
-        twice = {b: p for b, p in places.items() if len(p) > 1}
-        if vanished:
-            problems.append(f"{len(vanished)} batches vanished: {vanished[:10]}")
-        if twice:
-            problems.append(f"batches in more than one terminal/queued state: {dict(list(twice.items())[:10])}")
+        vanished = locate_batches(created, (("consumed", consumed), ("rejected", rejected), ("deadlettered", dead_ids),
+                                            ("queued_or_leased", work), ("completed_not_acked", pending_rollouts)),
+                                  problems)
         if not completed >= consumed | {b for b, why in rejected.items() if why == "learner"}:
             problems.append("a batch was consumed or rejected by the learner without ever being completed")
         for b, reason in dead:
@@ -489,6 +489,11 @@ class System(LocalSystem):
             problems.append("created != consumed + rejected + deadlettered + in_flight + vanished")
         report["problems"] = problems
         return report
+
+    def created_batches(self, cursor: int) -> list[str]:
+        """The ids of the first `cursor` batches cut, in order."""
+        bpe = -(-len(self._prompts()) // self.spec.prompts_per_batch)
+        return [keys.batch_id(self.run, n // bpe, n % bpe) for n in range(cursor)]
 
     def _prompts(self) -> list[pb.Prompt]:
         from brigade.datasets import load_prompts

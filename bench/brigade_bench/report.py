@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-ORDER = ["bucket", "proxy", "learner", "rollout", "fleet", "sync-latency", "preemption"]
+ORDER = ["bucket", "proxy", "learner", "rollout", "fleet", "sync-latency", "preemption", "topology"]
 
 
 # ---------------------------------------------------------------- targets
@@ -82,6 +82,14 @@ TARGETS: list[Target] = [
            _const("<= 1.5x raw GET"), lambda r: r["demo_ratio"] <= 1.5),
     Target("sync-latency", "publish -> every worker cached, demo adapter, p95", _f("demo_p95_ratio", "{:.2f}x"),
            _const("<= 1.5x raw GET"), lambda r: r["demo_p95_ratio"] <= 1.5),
+    Target("topology", "local_sgd merge (frozen_a): product of averaged factors vs average of products",
+           _f("local_sgd_k2_averaging_error", "{:.1e}"), _const("<= 1e-6 (exact)"),
+           lambda r: r["local_sgd_k2_averaging_error"] <= 1e-6),
+    Target("topology", "a trainer SIGKILLed mid-round: local steps lost; the run still finishes",
+           lambda r: f"{r['local_sgd_k2_kill_lost_local_steps']} steps",
+           lambda r: f"<= local_steps ({r['local_steps']}), finished",
+           lambda r: r["local_sgd_k2_kill_finished"] and r["local_sgd_k2_kill_killed"]
+           and r["local_sgd_k2_kill_lost_local_steps"] <= r["local_steps"]),
     Target("preemption", "throughput lost to kills", _pct("throughput_loss"),
            lambda r: f"about the killed share {100 * r['killed_share']:.1f} % (<= 1.25 x + 3 pts)",
            lambda r: r["throughput_loss"] <= 1.25 * r["killed_share"] + 0.03),
@@ -266,7 +274,40 @@ def preemption_notes(r: dict) -> str:
         f"(without kills {r['base_max_step_gap_s']:.1f} s).")
 
 
-NOTES = {"fleet": fleet_notes, "sync-latency": sync_notes, "preemption": preemption_notes}
+def topology_notes(r: dict) -> str:
+    if "local_sgd_k2_wall_s" not in r or "central_k2_wall_s" not in r:
+        return ""
+    ks = sorted({int(key.split("_k")[1].split("_")[0]) for key in r if key.startswith("central_k")})
+    rows = ["| configuration | wall s | versions | first 20 batches | last 20 batches | held-out at the end "
+            "| bucket bytes / sample | state bytes / version | staleness |", "|---|---|---|---|---|---|---|---|---|"]
+    for name in [f"{t}_k{k}" for k in ks for t in ("central", "local_sgd")] + ["local_sgd_k2_kill"]:
+        if f"{name}_wall_s" in r:
+            rows.append(f"| {name} | {r[f'{name}_wall_s']:.0f} | {r[f'{name}_versions']} | "
+                        f"{r[f'{name}_first20_reward']:.3f} | {r[f'{name}_last20_reward']:.3f} | "
+                        f"{r.get(f'{name}_heldout_end', float('nan')):.3f} | {r[f'{name}_sync_bytes_per_sample']:.0f} | "
+                        f"{r[f'{name}_state_bytes_per_round']:.0f} | {r[f'{name}_staleness_mean']:.2f} |")
+    return "\n".join([
+        f"Load average {r.get('load_before', '?')} before, {r.get('load_after', '?')} after. Every configuration "
+        f"trains on the same {r['budget_batches']} batches of 64 samples; local_sgd in rounds of K x "
+        f"{r['local_steps']} batches, so it publishes K x {r['local_steps']} times fewer versions.", "", *rows, "",
+        "Held-out scores are the evaluator's (80 samples): differences under about 0.1 are noise. "
+        + _kill_note(r)])
+
+
+def _kill_note(r: dict) -> str:
+    if not r.get("local_sgd_k2_kill_killed"):
+        return "The kill run's kill did not happen."
+    expired = r.get("local_sgd_k2_kill_expired_leases", 0)
+    leases = (f"{expired} of its leases expired and their batches were generated again" if expired else
+              "its leases had not expired when the run ended (lease_seconds 30), so their batches were still in "
+              "flight")
+    return (f"The killed trainer lost {r['local_sgd_k2_kill_lost_local_steps']} local steps; {leases}; the kill "
+            f"run took {r['local_sgd_k2_kill_wall_s'] - r['local_sgd_k2_wall_s']:+.0f} s against the run without "
+            f"it, mostly its replacement's start-up (the round waits for M = K contributions; "
+            f"{r.get('local_sgd_k2_kill_deadline_rounds', 0)} rounds closed short at their deadline).")
+
+
+NOTES = {"fleet": fleet_notes, "sync-latency": sync_notes, "preemption": preemption_notes, "topology": topology_notes}
 
 
 # ---------------------------------------------------------------- the report

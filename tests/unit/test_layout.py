@@ -30,7 +30,7 @@ def imported_packages(folder: Path) -> dict[str, set[str]]:
 
 
 def test_every_distribution_folder_holds_its_package_unmapped():
-    assert len(DISTRIBUTIONS) >= 9 and SERVICES == ["evaluator", "janitor", "learner", "proxy", "rollout"]
+    assert len(DISTRIBUTIONS) >= 9 and SERVICES == ["aggregator", "evaluator", "janitor", "learner", "proxy", "rollout"]
     for folder in DISTRIBUTIONS:
         config = tomllib.loads((folder / "pyproject.toml").read_text())
         setuptools = config.get("tool", {}).get("setuptools", {})

@@ -16,7 +16,7 @@ from brigade.v1 import brigade_pb2 as pb
 
 ROOT = Path(__file__).resolve().parents[2]
 SECTION_TYPES = {"": pb.RunSpec, "lora": pb.LoraSpec, "sampling": pb.SamplingSpec, "grpo": pb.GrpoSpec,
-                 "staleness": pb.StalenessSpec, "rewards[]": pb.RewardSpec}
+                 "staleness": pb.StalenessSpec, "local_sgd": pb.LocalSgdSpec, "rewards[]": pb.RewardSpec}
 
 
 def test_every_proto_field_is_declared_once_and_only_those():
@@ -116,3 +116,15 @@ def test_reward_kwargs_are_a_mapping_in_the_file_and_exact_json_on_the_wire():
     assert build_spec(yaml.safe_load(yaml.safe_dump(spec_to_dict(spec)))) == spec  # run.yaml reads back
     with pytest.raises(ConfigError, match=r"rewards\[0\].kwargs: '\[1\]' is not a mapping of arguments"):
         build_spec({"rewards": [{"function": "m:f", "kwargs": [1]}]})
+
+
+def test_topology_local_sgd_refuses_what_its_rounds_replace():
+    spec = build_spec({"topology": "local_sgd", "local_sgd": {"local_steps": 2, "outer_optimizer": "nesterov"}})
+    assert spec.topology == "local_sgd" and spec.local_sgd.local_steps == 2 and spec.local_sgd.outer_momentum == 0.9
+    assert build_spec().topology == "central"
+    with pytest.raises(ConfigError) as e:
+        build_spec({"topology": "local_sgd", "sync": True, "grpo": {"recompute_logprobs": True},
+                    "local_sgd": {"stale_weight": 0.0, "merge": "svd"}})
+    lines = str(e.value).splitlines()[1:]
+    assert [line.split(":")[0].strip() for line in lines] == [
+        "local_sgd.merge", "local_sgd.stale_weight", "sync", "grpo.recompute_logprobs"], lines

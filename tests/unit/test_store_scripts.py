@@ -10,7 +10,7 @@ import redis.asyncio as aioredis
 from brigade import keys
 from brigade.store.scripts import CONSTANTS, Declaration, Script, read_source, script_names
 
-EXPECTED = {"ack", "acquire", "complete", "create_run", "expire", "fail", "heartbeat", "lock_release", "lock_renew",
+EXPECTED = {"ack", "acquire", "complete", "contribute", "create_run", "expire", "fail", "heartbeat", "lock_release", "lock_renew",
             "prune_consumers", "publish", "remove_stale", "revoke"}
 
 

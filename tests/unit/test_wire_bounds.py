@@ -143,3 +143,23 @@ async def test_the_local_bucket_does_not_follow_a_symlink_out_of_its_folder(tmp_
         assert not (outside / "planted").exists()
         await bucket.put("runs/inside", b"ok")  # an ordinary key still works
         assert await bucket.get("runs/inside") == b"ok"
+
+
+def test_a_maximal_contribution_manifest_fits_the_pull_reply_budget():
+    from brigade.store.checks import MAX_CONTRIBUTION_BYTES
+    from brigade.store.learner import MAX_PULL_CONTRIBUTIONS
+
+    def longest(name: str) -> str:
+        return "x" * WIRE_BOUNDS[f"ContributionManifest.{name}"].limit
+
+    d = pb.ContributionManifest.DESCRIPTOR
+    strings = [f.name for f in d.fields if f.type == FieldDescriptor.TYPE_STRING and not f.is_repeated]
+    ids = [longest("batch_ids[]")] * WIRE_BOUNDS["ContributionManifest.batch_ids"].limit
+    m = pb.ContributionManifest(**{name: longest(name) for name in strings}, batch_ids=ids, empty_batch_ids=ids,
+                                base_version=MAX_SAFE_INT, local_steps=2**32 - 1, size_bytes=MAX_SAFE_INT,
+                                num_samples=2**32 - 1, reward_mean=1.0, compute_seconds=1.0, price_per_hour=1.0,
+                                created_ms=-MAX_SAFE_INT)
+    assert wire_problem(m) is None
+    assert m.ByteSize() <= MAX_CONTRIBUTION_BYTES
+    pulled = pb.PulledContribution(delivery_id="9" * 20 + "-" + "9" * 20, manifest=m)
+    assert MAX_PULL_CONTRIBUTIONS * pulled.ByteSize() <= PULL_REPLY_BYTES

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import json
 import time
+from typing import TYPE_CHECKING
 
 import torch
 from google.protobuf.message import DecodeError
-from peft import PeftModel, get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
@@ -23,6 +23,9 @@ from brigade import keys
 from brigade.bucket import Bucket, ObjectExists, sha256_hex
 from brigade.v1 import brigade_pb2 as pb
 
+if TYPE_CHECKING:
+    from peft import PeftModel
+
 WEIGHTS = "adapter_model.safetensors"
 WEIGHTS_INT8 = "adapter_model.int8.safetensors"
 CONFIG = "adapter_config.json"
@@ -30,11 +33,27 @@ MANIFEST = "manifest.pb"
 SCALE_SUFFIX = ".__scale__"
 
 
+A_SUFFIX, B_SUFFIX = "lora_A.weight", "lora_B.weight"
+MERGES = ("frozen_a", "factors")
+
+
+def trained_names(names, merge: str) -> list[str]:
+    """topology local_sgd: the adapter tensors the trainers train and send and the aggregator merges
+    (local_sgd.merge frozen_a: B only, A stays the seeded v0; factors: A and B)."""
+    if merge not in MERGES:
+        raise ValueError(f"merge {merge!r} is not one of {MERGES}")
+    suffixes = (B_SUFFIX,) if merge == "frozen_a" else (A_SUFFIX, B_SUFFIX)
+    return sorted(n for n in names if n.endswith(suffixes))
+
+
 class InvalidAdapter(ValueError):
     """Adapter files that are not safetensors, or whose tensors do not fit the model."""
 
 
 def adapter_state(model: PeftModel) -> dict[str, torch.Tensor]:
+    from peft import get_peft_model_state_dict  # here: peft imports transformers (seconds), which the
+    # aggregator, reading and writing adapter files only, never needs
+
     return {k: v.detach() for k, v in get_peft_model_state_dict(model).items()}
 
 
@@ -93,6 +112,8 @@ def _load_safetensors(data: bytes, name: str) -> dict[str, torch.Tensor]:
 
 def apply(model: PeftModel, state: dict[str, torch.Tensor]) -> None:
     """Load adapter tensors into the model's active adapter, refusing wrong names or shapes."""
+    from peft import get_peft_model_state_dict, set_peft_model_state_dict
+
     expected = get_peft_model_state_dict(model)
     missing = sorted(set(expected) - set(state))
     unknown = sorted(set(state) - set(expected))
@@ -120,7 +141,7 @@ async def write_version(
     )
     for name in sorted(files):
         data = files[name]
-        digest = await _put_once(bucket, prefix + name, data)
+        digest = await put_once(bucket, prefix + name, data)
         manifest.files.add(name=name, sha256=digest, size_bytes=len(data))
     try:
         await bucket.put_new(prefix + MANIFEST, manifest.SerializeToString())
@@ -132,7 +153,9 @@ async def write_version(
     return manifest
 
 
-async def _put_once(bucket: Bucket, key: str, data: bytes) -> str:
+async def put_once(bucket: Bucket, key: str, data: bytes) -> str:
+    """A create-only put that a retry may repeat: the same bytes already there are fine, other bytes
+    raise ObjectExists. Returns the sha256."""
     try:
         return await bucket.put_new(key, data)
     except ObjectExists:

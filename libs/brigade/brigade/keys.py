@@ -8,7 +8,7 @@ from dataclasses import dataclass
 # ---------------------------------------------------------------- Redis (prefix brigade:{run}:)
 
 WORK_GROUP = "rollout"      # consumer group on `work`: a pending entry is a lease
-LEARNER_GROUP = "learner"   # consumer group on `rollouts`
+LEARNER_GROUP = "learner"   # consumer group on `rollouts`, and on `contributions` (the aggregator is local_sgd's learner)
 RUNS_SET = "brigade:runs"   # every run id this Redis serves
 
 
@@ -26,6 +26,10 @@ class RunKeys:
     @property
     def rollouts(self) -> str:      # stream of RolloutManifest entries, group `learner`
         return self._k("rollouts")
+
+    @property
+    def contributions(self) -> str:  # local_sgd: stream of ContributionManifest entries, group `learner`
+        return self._k("contributions")
 
     @property
     def events(self) -> str:        # capped stream of Event
@@ -121,6 +125,22 @@ def rollout_text_key(run: str, batch_id: str, attempt: int) -> str:
     return f"runs/{run}/rollouts/{batch_id}/attempt-{attempt}.json"
 
 
+def contribution_key(run: str, base_version: int, contribution: str) -> str:
+    """A local trainer's trained factors after its local steps from `base_version` (local_sgd)."""
+    return f"runs/{run}/contributions/v{base_version:08d}/{contribution}.safetensors"
+
+
+def base_adapter_key(run: str) -> str:
+    """local_sgd: the seeded v0 adapter every process builds (A and B, float32, with its
+    adapter_config.json), written once by the first trainer; the aggregator starts from it."""
+    return f"runs/{run}/contributions/v0.safetensors"
+
+
+def round_key(run: str, version: int) -> str:
+    """The aggregator's record of the round that made `version` (its state after that round)."""
+    return f"runs/{run}/rounds/v{version:08d}.safetensors"
+
+
 def checkpoint_prefix(run: str, step: int) -> str:
     return f"runs/{run}/checkpoints/step-{step:08d}/"
 
@@ -157,6 +177,12 @@ def parse_batch_id(value: str) -> tuple[str, int, int]:
     if not (sep1 and sep2 and epoch.isdigit() and index.isdigit() and run):
         raise ValueError(f"malformed batch id {value!r}, expected '{{run}}:{{epoch}}:{{index}}'")
     return run, int(epoch), int(index)
+
+
+def contribution_id(run: str, trainer: str, lease_ids: list[str]) -> str:
+    """One round of one trainer: its leases are granted once, so their ids name it (32 hex; safe in
+    a bucket key whatever the trainer id holds)."""
+    return hashlib.sha256("\0".join([run, trainer, *lease_ids]).encode()).hexdigest()[:32]
 
 
 def batch_seed(run: str, batch: str, attempt: int) -> int:

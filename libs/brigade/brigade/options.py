@@ -27,4 +27,34 @@ TrackerDir = Annotated[str, typer.Option(
     help="Folder for the experiment trackers' local files (W&B offline runs, TensorBoard events).")]
 SpecPath = Annotated[str, typer.Option("--spec", envvar="BRIGADE_SPEC", help="Run spec file (YAML or TOML).")]
 
+# what a rollout worker and a local trainer share: the machines of the fleet
+CapacityClass = Annotated[str, typer.Option("--capacity-class", envvar="BRIGADE_CAPACITY_CLASS",
+                                            help="spot or on-demand, reported in every manifest.")]
+Price = Annotated[float, typer.Option("--price-per-hour", envvar="BRIGADE_PRICE_PER_HOUR",
+                                      help="What this machine costs per hour, for dollars per usable sample.")]
+ExitWhenFinished = Annotated[bool, typer.Option(
+    "--exit-when-finished/--poll-when-finished", envvar="BRIGADE_EXIT_WHEN_FINISHED",
+    help="Exit 0 once the proxy says the run is finished (max_steps reached or every batch done): right for "
+         "spot VMs and jobs that bill until they stop. Off by default: under a supervisor that restarts any exit "
+         "(a Deployment, systemd Restart=always) an exit would only reload the model in a loop, while polling a "
+         "finished run costs one call per 5 s.")]
+Device = Annotated[str, typer.Option("--device", envvar="BRIGADE_DEVICE",
+                                     help="cpu, cuda or cuda:N; overrides the run spec's device.")]
+RewardRedis = Annotated[str, typer.Option(
+    "--redis-url", envvar="BRIGADE_REDIS_URL",
+    help="Redis for the rq queue of sandboxed reward functions (brigade:{run}:rewards); only needed when the run "
+         "has sandboxed rewards.")]
+RewardWorkers = Annotated[bool, typer.Option(
+    "--reward-worker/--no-reward-worker",
+    help="Start a local rq worker subprocess for sandboxed rewards; with --no-reward-worker run "
+         "`rq worker --url $BRIGADE_REDIS_URL brigade:{run}:rewards` yourself.")]
+
+
+def check_fleet_flags(capacity_class: str, price_per_hour: float) -> None:
+    if capacity_class not in ("spot", "on-demand"):
+        raise typer.BadParameter(f"{capacity_class!r}: use spot or on-demand", param_hint="--capacity-class")
+    if price_per_hour < 0:
+        raise typer.BadParameter("--price-per-hour must be >= 0", param_hint="--price-per-hour")
+
+
 DEFAULTS = _D

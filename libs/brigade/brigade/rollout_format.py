@@ -22,11 +22,16 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
+
+if TYPE_CHECKING:  # annotations only
+    from brigade.engine.base import Sample
+    from brigade.v1 import brigade_pb2 as pb
 
 FORMAT = "brigade-rollout-1"
 SPEC = {  # name -> (dtype, rank)
@@ -83,6 +88,38 @@ class Rollout:
             "reward_metrics": json.dumps(self.reward_metrics),
         }
         return st_save(tensors, metadata=metadata)
+
+
+def build_rollout(lease: pb.Lease, samples: list[Sample], totals: list[float | None],
+                  parts: list[list[float | None]], names: list[str], pad_id: int,
+                  reward_metrics: dict[str, list[float]] | None = None) -> Rollout:
+    """The rollout of one leased batch from the engine's samples and their scores (a worker's upload,
+    a local trainer's training data)."""
+    n, p = len(samples), max(len(s.prompt_ids) for s in samples)
+    c = max(1, max(len(s.completion_ids) for s in samples))
+    prompt_ids = torch.full((n, p), pad_id, dtype=torch.int64)
+    prompt_mask = torch.zeros((n, p), dtype=torch.int8)
+    completion_ids = torch.full((n, c), pad_id, dtype=torch.int64)
+    completion_mask = torch.zeros((n, c), dtype=torch.int8)
+    logprobs = torch.zeros((n, c), dtype=torch.float32)
+    for i, s in enumerate(samples):
+        lp, lc = len(s.prompt_ids), len(s.completion_ids)
+        prompt_ids[i, p - lp :] = torch.tensor(s.prompt_ids)      # left-padded
+        prompt_mask[i, p - lp :] = 1
+        completion_ids[i, :lc] = torch.tensor(s.completion_ids)  # right-padded
+        completion_mask[i, :lc] = 1
+        logprobs[i, :lc] = torch.tensor(s.logprobs)
+    nan = float("nan")
+    return Rollout(
+        run_id=lease.run_id, batch_id=lease.batch.batch_id, attempt=lease.attempt,
+        policy_version=lease.adapter_version, prompt_ids=prompt_ids, prompt_mask=prompt_mask,
+        completion_ids=completion_ids, completion_mask=completion_mask, logprobs=logprobs,
+        rewards=torch.tensor([nan if r is None else r for r in totals], dtype=torch.float32),
+        reward_parts=torch.tensor([[nan if v is None else v for v in col] for col in parts],
+                                  dtype=torch.float32).T.reshape(n, len(parts)),
+        group=torch.tensor([s.group for s in samples], dtype=torch.int32), reward_names=names,
+        reward_metrics=reward_metrics or {},
+    )
 
 
 @dataclass(frozen=True)

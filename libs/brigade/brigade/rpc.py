@@ -7,10 +7,16 @@ import hmac
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import grpc
+import structlog
 
+from brigade.retry import Backoff, retry
 from brigade.v1 import brigade_pb2_grpc as pbg
+
+log = structlog.get_logger()
+T = TypeVar("T")
 
 # Manifests and prompt batches are small; the one large message is CreateRun with its prompt set.
 MAX_MESSAGE_BYTES = 32 * 1024 * 1024
@@ -167,6 +173,22 @@ def describe_rpc_error(err: grpc.aio.AioRpcError | grpc.RpcError, target: str = 
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return f"the proxy{where} did not answer in time"
     return f"{code.name}: {details}"
+
+
+PROXY_BACKOFF = Backoff(base_s=0.2, cap_s=5.0)
+
+
+async def retry_unavailable(what: str, fn: Callable[[], Awaitable[T]], target: str,
+                            on_failure: Callable[[], None] = lambda: None) -> T:
+    """A proxy restart or a network blip must not kill a steady service (the learner, the
+    aggregator): wait and call again, forever. `on_failure` runs before each wait."""
+    def log_retry(attempt: int, delay: float, e: BaseException) -> None:
+        on_failure()
+        log.warning("proxy_unreachable", call=what, error=describe_rpc_error(e, target), retry_s=round(delay, 2))
+
+    # is_transient: UNAVAILABLE, DEADLINE_EXCEEDED, and a RESOURCE_EXHAUSTED that heals (Redis full, a
+    # proxy limit); an oversized message stays fatal
+    return await retry(fn, retryable=is_transient, backoff=PROXY_BACKOFF, on_retry=log_retry)
 
 
 # ---------------------------------------------------------------- server side

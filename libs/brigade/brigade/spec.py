@@ -34,6 +34,8 @@ from brigade.v1 import brigade_pb2 as pb
 
 # prompts of one run (CreateRun): the store refuses more; the proxy's --max-prompts may lower it
 MAX_PROMPTS = 1_000_000
+# leases of one local_sgd contribution (local_steps x batches_per_step): bounds its manifest
+MAX_ROUND_LEASES = 256
 RUN_ID_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")  # whole string: fullmatch (a $ would accept "a\n")
 _INTERVAL = re.compile(r"^([\[(])(\S+), (\S+)([\])])$")  # "[0, 1)"
 _HALF_LINE = re.compile(r"^(>=|>) (\S+)$")  # ">= 1"
@@ -111,6 +113,9 @@ FIELDS: tuple[Field, ...] = (
           "(`pip install 'brigade[wandb]'` etc.); the learner's `--report-to` overrides it",
           choices=("wandb", "tensorboard", "trackio")),
     Field("sync", False, "barrier mode (the synchronous baseline): a batch for v waits until v is published"),
+    Field("topology", "central", "`central`: one learner, rollout workers; `local_sgd`: local trainers each take "
+          "`local_sgd.local_steps` GRPO steps, an aggregator merges their adapters (DiLoCo)",
+          choices=("central", "local_sgd")),
     Field("lora.rank", 16, "LoRA r", ">= 1"),
     Field("lora.alpha", 32.0, "lora_alpha", "> 0"),
     Field("lora.dropout", 0.0, "LoRA dropout", "[0, 1)"),
@@ -137,6 +142,20 @@ FIELDS: tuple[Field, ...] = (
     Field("staleness.max_staleness", 4, "cap in learner versions: admission, revocation, ingestion"),
     Field("staleness.lease_seconds", 60, "a lease not heartbeated for this long expires", ">= 1"),
     Field("staleness.max_attempts", 3, "after this many failed attempts a batch is dead-lettered", ">= 1"),
+    Field("local_sgd.local_steps", 4, "H: local GRPO steps a trainer takes from one global version before it uploads",
+          ">= 1"),
+    Field("local_sgd.upload_seconds", 0.0, "upload after this many seconds even with fewer steps (at least one); "
+          "0 = off", ">= 0"),
+    Field("local_sgd.min_contributions", 2, "M: a round closes once M usable contributions are waiting ...", ">= 1"),
+    Field("local_sgd.round_timeout_s", 30.0, "... or this long after it opened, with at least one waiting", "> 0"),
+    Field("local_sgd.merge", "frozen_a", "`frozen_a`: A stays the seeded v0, B is averaged (exact); `factors`: A "
+          "and B are averaged separately (inexact, error reported)", choices=("frozen_a", "factors")),
+    Field("local_sgd.outer_optimizer", "average", "the step on the averaged pseudo-gradient: `average` (FedAvg) "
+          "or `nesterov` (SGD with Nesterov momentum, DiLoCo)", choices=("average", "nesterov")),
+    Field("local_sgd.outer_lr", 1.0, "outer learning rate; 1 with `average` = the weighted mean", "> 0"),
+    Field("local_sgd.outer_momentum", 0.9, "Nesterov momentum of the outer optimizer", "[0, 1)"),
+    Field("local_sgd.stale_weight", 0.5, "a contribution s versions behind weighs stale_weight^s (beyond "
+          "staleness.max_staleness it is dropped)", "(0, 1]"),
     # the list first: its default entries then get each entry field's default below
     Field("rewards", [{"function": "demo_sum"}], "reward functions, summed by weight", "non-empty"),
     Field("rewards[].function", "", "a built-in (`demo_sum`, `math`, `code_exec`), `package.module:function`, or a "
@@ -149,7 +168,7 @@ FIELDS: tuple[Field, ...] = (
 )
 
 BY_PATH = {f.path: f for f in FIELDS}
-SECTIONS = ("lora", "sampling", "grpo", "staleness")  # RunSpec's message fields, as mappings in a file
+SECTIONS = ("lora", "sampling", "grpo", "staleness", "local_sgd")  # RunSpec's message fields, as mappings in a file
 
 
 def _json_object(text: str) -> Any:
@@ -257,6 +276,15 @@ def validate_spec(spec: pb.RunSpec) -> None:
         for prefix, holder in _holders(spec, field.section):
             if problem := field.problem(getattr(holder, field.name)):
                 problems.append(f"{prefix}{field.name}: {problem}")
+    if spec.topology == "local_sgd":  # what a round of local steps replaces
+        if spec.sync:
+            problems.append("sync: must be false with topology local_sgd (its rounds are the barrier)")
+        if spec.local_sgd.local_steps * spec.batches_per_step > MAX_ROUND_LEASES:
+            problems.append(f"local_sgd.local_steps: times batches_per_step must be at most {MAX_ROUND_LEASES} "
+                            "(the leases one contribution completes)")
+        if spec.grpo.recompute_logprobs:
+            problems.append("grpo.recompute_logprobs: must be false with topology local_sgd (local rollouts are "
+                            "on-policy: each trainer generates with the weights it trains)")
     refuse(problems)
 
 

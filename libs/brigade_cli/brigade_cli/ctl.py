@@ -202,6 +202,14 @@ def format_status(s: pb.RunState) -> str:
     steps = f"{s.learner_step}" + (f" / {spec.max_steps}" if spec.max_steps else "")
     capacity = max(1, spec.batches_per_step) * (spec.staleness.max_staleness + 1)
     outstanding = s.queued + s.leased + s.completed
+    mode = ("sync" if spec.sync else "async") + f", max_staleness {spec.staleness.max_staleness}"
+    cap = f"{outstanding} / {capacity} (admission cap)"
+    if spec.topology == "local_sgd":
+        ls = spec.local_sgd
+        mode = (f"local_sgd: {ls.local_steps} local steps, rounds of {ls.min_contributions} contributions or "
+                f"{ls.round_timeout_s:g} s, merge {ls.merge}, outer {ls.outer_optimizer}, "
+                f"max_staleness {spec.staleness.max_staleness}")
+        cap = f"{outstanding} (no admission cap in local_sgd)"
     rows = [
         ("run", spec.run_id),
         ("state", "finished" if s.finished else "running"),
@@ -209,13 +217,14 @@ def format_status(s: pb.RunState) -> str:
         ("created", _when(s.created_ms)),
         ("adapter version", s.latest_version),
         ("learner step", steps),
-        ("mode", ("sync" if spec.sync else "async") + f", max_staleness {spec.staleness.max_staleness}"),
+        ("mode", mode),
         ("prompts", s.num_prompts),
         ("batches cut", cut),
-        ("outstanding", f"{outstanding} / {capacity} (admission cap)"),
+        ("outstanding", cap),
         ("  queued", s.queued),
         ("  leased", s.leased),
         ("  completed, waiting", s.completed),
+        *([("  contributions, waiting", s.contributions)] if spec.topology == "local_sgd" else []),
         ("consumed", s.consumed),
         ("rejected by learner", s.rejected),
         ("stale removed", s.stale_removed),

@@ -36,6 +36,8 @@ SERVICE_COMMANDS = {
     "learner": ("brigade_learner.cli:learner", "brigade-learner"),
     "rollout": ("brigade_rollout.cli:rollout", "brigade-rollout"),
     "evaluator": ("brigade_evaluator.cli:evaluator", "brigade-evaluator"),
+    "trainer": ("brigade_learner.local_cli:trainer", "brigade-learner"),
+    "aggregator": ("brigade_aggregator.cli:aggregator", "brigade-aggregator"),
 }
 LOCAL_COMMANDS = {
     "up": "brigade_cli.up:up",
@@ -75,7 +77,7 @@ for _name, _target in LOCAL_COMMANDS.items():
 for _name, _target in SUB_APPS.items():
     app.add_typer(_load(_target), name=_name)
 
-BENCHMARKS = ["bucket", "proxy", "learner", "rollout", "fleet", "sync-latency", "preemption"]
+BENCHMARKS = ["bucket", "proxy", "learner", "rollout", "fleet", "sync-latency", "preemption", "topology"]
 
 
 def run_benchmark(name: str, quick: bool) -> dict:

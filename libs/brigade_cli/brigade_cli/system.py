@@ -25,8 +25,9 @@ from pathlib import Path
 from brigade.log import json_env
 from brigade_cli.devservers import MOTO_ENV, ServerProcess, free_port, start_moto, start_redis, wait_for_port
 
-# stop order: workers first (they hand their leases back), the learner, then the coordination layer
-STOP_ORDER = {"rollout": 0, "evaluator": 0, "learner": 1, "janitor": 2, "proxy": 3}
+# stop order: workers and trainers first (they hand their leases back), the learner or the aggregator, then
+# the coordination layer
+STOP_ORDER = {"rollout": 0, "trainer": 0, "evaluator": 0, "learner": 1, "aggregator": 1, "janitor": 2, "proxy": 3}
 
 
 @dataclass
@@ -240,6 +241,24 @@ def run_each(steps: Iterable[Callable[[], object] | None]) -> None:
             errors.append(e)
     if errors:
         raise errors[0]
+
+
+def read_json_lines(path: Path, since: int = 0) -> tuple[list[dict], int]:
+    """The JSON lines of a service's log from byte `since` on, whole lines only (a line still being
+    written is left for the next read), and the byte where they end."""
+    if not path.exists():
+        return [], since
+    with path.open("rb") as f:
+        f.seek(since)
+        data = f.read()
+    end = data.rfind(b"\n") + 1
+    out = []
+    for line in data[:end].splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out, since + end
 
 
 def redis_answers(url: str) -> bool:

@@ -155,19 +155,21 @@ def _stall_cause(system, state) -> str:
     if state is not None:
         lines.append(f"{state.rejected} batches rejected by the learner, {state.deadlettered} dead-lettered")
     for name, svc in system.services.items():
-        if name == "learner" or name.startswith("rollout"):
+        if name in ("learner", "aggregator") or name.startswith(("rollout", "trainer")):
             lines += [f"{name}: {problem}" for problem in svc.last_problems()]
     return "\n  ".join(lines)
 
 
 def up(
-    workers: int = typer.Option(2, "--workers", "-n", help="Rollout workers to start."),
+    workers: int = typer.Option(2, "--workers", "-n",
+                                help="Rollout workers to start (local trainers with topology local_sgd)."),
     spec_path: str = typer.Option("", "--spec", help="Run spec file (YAML or TOML); default: the demo run."),
     demo: bool = typer.Option(False, "--demo", help="Run the demo (builds the demo model on first use)."),
     run: str = typer.Option("", "--run", help="Run id (default: the spec's run_id, else one per launch)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the existing run with this id (same spec)."),
     out: str = typer.Option("", "--out", help="Output folder (default ./brigade-runs/<run>)."),
-    max_steps: int = typer.Option(0, "--max-steps", help="Override the spec's max_steps."),
+    max_steps: int = typer.Option(0, "--max-steps", help="Override the spec's max_steps (rounds with local_sgd)."),
+    topology: str = typer.Option("", "--topology", help="Override the spec's topology: central or local_sgd."),
     max_wall: float = typer.Option(900.0, "--max-wall", help="Stop after this many seconds whatever happens."),
     stall_s: float = typer.Option(60.0, "--stall-timeout",
                                   help="Stop when no step was trained for this long while batches keep failing."),
@@ -190,6 +192,13 @@ def up(
         overrides["run_id"] = time.strftime("demo-%Y%m%d-%H%M%S")
     if max_steps:
         overrides["max_steps"] = max_steps
+    if topology:
+        overrides["topology"] = topology
+    if not spec_path and topology == "local_sgd":
+        from brigade.demo.task import DEMO_LOCAL_SGD
+        from brigade.spec_file import merge_spec_data
+
+        overrides = merge_spec_data(overrides, DEMO_LOCAL_SGD)
     try:
         if spec_path and not run and "run_id" not in read_spec_file(spec_path):
             if resume:
@@ -232,19 +241,17 @@ def up(
         _create(system, spec, resume, prompts)
         created = True
         write_endpoint(out_dir, spec.run_id, proxy)
-        _write_spec(out_dir, spec)
+        write_spec(out_dir, spec)
         system.spawn("janitor", ["janitor"])
-        learner = system.spawn("learner", ["learner", "--spec", str(out_dir / "run.yaml")])
-        for i in range(workers):
-            system.spawn(f"rollout-{i}", ["rollout", "--worker-id", f"local-{i}", "--exit-when-finished"])
+        driver, fleet = spawn_training(system, spec, workers, out_dir / "run.yaml")
         if evaluator:
             system.spawn("evaluator", ["evaluator"])
-        typer.echo(f"run {spec.run_id}: proxy {proxy}, bucket {system.bucket}, {workers} rollout workers; "
+        typer.echo(f"run {spec.run_id}: proxy {proxy}, bucket {system.bucket}, {workers} {fleet}; "
                    f"logs in {system.logs}; `brigade ctl status` shows it")
         # a resumed run: show only the steps trained from now on
         shown, failed_at_step, failing_since = -1 if resume else 0, 0, None
         progress = Progress(spec.max_steps, progress_line, recent_rate)
-        while learner.alive() or learner.crashed():
+        while driver.alive() or driver.crashed():
             if time.monotonic() - started >= max_wall:
                 outcome, code = "max_wall", EXIT_MAX_WALL
                 typer.echo(f"stopping: --max-wall {max_wall:.0f}s reached", err=True)
@@ -302,6 +309,21 @@ def up(
     raise typer.Exit(code)
 
 
+def spawn_training(system, spec, n: int, spec_file: Path):
+    """The processes that train, by topology: the learner and n rollout workers (central), or the
+    aggregator and n local trainers (local_sgd). Returns the one whose exit ends the run, and what
+    the n are called."""
+    if spec.topology == "local_sgd":
+        driver = system.spawn("aggregator", ["aggregator"])
+        for i in range(n):
+            system.spawn(f"trainer-{i}", ["trainer", "--trainer-id", f"local-{i}", "--exit-when-finished"])
+        return driver, "local trainers"
+    driver = system.spawn("learner", ["learner", "--spec", str(spec_file)])
+    for i in range(n):
+        system.spawn(f"rollout-{i}", ["rollout", "--worker-id", f"local-{i}", "--exit-when-finished"])
+    return driver, "rollout workers"
+
+
 class _Refused(Exception):
     """The proxy refused the run (a reused id, a spec it rejects): one line, nothing trained."""
 
@@ -325,7 +347,7 @@ def _create(system, spec, resume: bool, prompts) -> None:
         raise _Refused(describe_rpc_error(e, system.proxy)) from None
 
 
-def _write_spec(out_dir: Path, spec) -> None:
+def write_spec(out_dir: Path, spec) -> None:
     """run.yaml (what the learner reads) and run.json, once the proxy accepted the spec."""
     import yaml
 

@@ -3,7 +3,6 @@ command, so `brigade --help` and the other services start without them."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Annotated
 
 import typer
@@ -68,10 +67,8 @@ def learner(
         trackers = parse_report_to(report_to)
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--report-to") from None
-    import grpc
-
     from brigade.config import ConfigError
-    from brigade.rpc import describe_rpc_error
+    from brigade.service import exit_with
     from brigade_learner.learner import LearnerConfig, serve
 
     if not run:  # no --run / BRIGADE_RUN: the spec file's run, else the default run
@@ -91,18 +88,9 @@ def learner(
     from brigade.prom import serve_metrics
 
     serve_metrics(metrics_port)
-    try:
-        stopped_by = asyncio.run(serve(cfg))
-    except grpc.aio.AioRpcError as e:
-        log.error("proxy_error", error=describe_rpc_error(e, proxy))
-        raise typer.Exit(1) from None
-    except ConfigError as e:
-        log.error("config_error", error=str(e))
-        raise typer.Exit(2) from None
-    if stopped_by is not None:
-        # stopped before max_steps: not a success, so a supervisor that restarts on failure (a
-        # Kubernetes Job after a node drain, compose, systemd) starts it again; 0 means finished
-        raise typer.Exit(128 + stopped_by)
+    # stopped before max_steps is not a success, so a supervisor that restarts on failure (a
+    # Kubernetes Job after a node drain, compose, systemd) starts it again; 0 means finished
+    exit_with(lambda: serve(cfg), log, proxy)
 
 
 def main() -> None:

@@ -39,8 +39,10 @@ from brigade.bucket import (
     check_create_only,
     open_bucket,
 )
-from brigade.retry import Backoff, retry
-from brigade.rpc import ProxyClient, describe_rpc_error, is_transient
+from brigade.config import ConfigError
+from brigade.retry import retry
+from brigade.rpc import PROXY_BACKOFF, ProxyClient, retry_unavailable
+from brigade.service import until_signal
 from brigade.spec_file import build_spec, spec_to_dict
 from brigade.store.checks import MAX_METRICS_JSON
 from brigade.trackers import open_trackers
@@ -61,22 +63,6 @@ def metrics_for_proxy(metrics: dict | None) -> str:
     every step's full metrics either way)."""
     text = json.dumps(metrics) if metrics else ""
     return text if len(text.encode()) <= MAX_METRICS_JSON else ""
-
-
-PROXY_BACKOFF = Backoff(base_s=0.2, cap_s=5.0)
-
-
-async def retry_unavailable(what: str, fn: Callable[[], Awaitable[T]], target: str,
-                            on_failure: Callable[[], None] = lambda: None) -> T:
-    """A proxy restart or a network blip must not kill the learner: wait and call again, forever."""
-    def log_retry(attempt: int, delay: float, e: BaseException) -> None:
-        on_failure()
-        log.warning("proxy_unreachable", call=what, error=describe_rpc_error(e, target), retry_s=round(delay, 2))
-
-    # is_transient: UNAVAILABLE, DEADLINE_EXCEEDED, and a RESOURCE_EXHAUSTED that heals (Redis full, a
-    # proxy limit); an oversized message stays fatal
-    return await retry(fn, retryable=is_transient,
-                       backoff=PROXY_BACKOFF, on_retry=log_retry)
 
 
 @dataclass
@@ -446,6 +432,9 @@ async def serve(cfg: LearnerConfig) -> signal.Signals | None:
         await retry(lambda: check_create_only(bucket, cfg.run), backoff=PROXY_BACKOFF, attempts=10,
                     retryable=lambda e: isinstance(e, BucketError) and not isinstance(e, CreateOnlyIgnored))
         spec = await ensure_run(client, cfg.proxy, cfg.run, cfg.spec_path)
+        if spec.topology == "local_sgd":
+            raise ConfigError(f"run {cfg.run} has topology local_sgd: it is trained by `brigade trainer` processes "
+                              "and `brigade aggregator`, not by a learner")
         if cfg.spec_path:
             local = build_spec({"run_id": cfg.run}, path=cfg.spec_path)
             if local != spec:
@@ -455,25 +444,7 @@ async def serve(cfg: LearnerConfig) -> signal.Signals | None:
         log.info("model_ready", model=spec.model, dtype=spec.dtype, device=str(trainer.device),
                  trainable=sum(p.numel() for p in trainer.model.parameters() if p.requires_grad))
         # SIGTERM (an orchestrator, `brigade up`) stops at once: every point is crash-safe anyway
-        main, loop, signalled = asyncio.current_task(), asyncio.get_running_loop(), []
-
-        def stop(sig: signal.Signals) -> None:
-            signalled.append(sig)
-            main.cancel()
-
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop, sig)
-        try:
-            await Learner(cfg, spec, bucket, client, trainer).run()
-        except asyncio.CancelledError:
-            if not signalled:
-                raise
-            log.info("stopped_by_signal", signal=signalled[0].name)
-            return signalled[0]
-        finally:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(sig)
-        return None
+        return await until_signal(Learner(cfg, spec, bucket, client, trainer).run())
     finally:
         await bucket.close()
         await client.close()

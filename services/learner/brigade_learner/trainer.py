@@ -90,6 +90,12 @@ class Trainer:
         device = device or pick_device(spec.device)
         base, _ = load_base(spec, device)
         model = attach_lora(base, spec)
+        if spec.topology == "local_sgd" and spec.local_sgd.merge == "frozen_a":
+            # a local trainer keeps A at the seeded v0, so averaging B averages the deltas exactly
+            # (brigade_aggregator.averaging); the optimizer below then holds B only
+            for name, p in model.named_parameters():
+                if "lora_A" in name:
+                    p.requires_grad_(False)
         # peft keeps adapter weights in float32 even on a bf16 base: the learner's own copy stays
         # full precision; only the published payload is rounded.
         params = [p for _, p in model.named_parameters() if p.requires_grad]

@@ -312,6 +312,19 @@ class LeaseServicer(pbg.LeaseServiceServicer):
                                    request.message)
         return pb.FailLeaseResponse(requeued=f.requeued, deadlettered=f.deadlettered, next_attempt=f.next_attempt)
 
+    @rpc
+    async def SubmitContribution(self, request: pb.SubmitContributionRequest, context
+                                 ) -> pb.SubmitContributionResponse:
+        manifest = request.manifest if request.HasField("manifest") else None
+        c = await self.leases.submit(request.run_id, request.trainer_id, list(request.lease_ids), manifest)
+        return pb.SubmitContributionResponse(duplicate=c.duplicate)
+
+
+def _poll_ms(wait_ms: int, context: grpc.aio.ServicerContext) -> int:
+    """A long poll's wait: answer (empty) before the caller's deadline, not after it."""
+    remaining = context.time_remaining()
+    return wait_ms if remaining is None else min(wait_ms, max(0, int(remaining * 1000) - 200))
+
 
 class LearnerServicer(pbg.LearnerServiceServicer):
     def __init__(self, proxy: Proxy):
@@ -320,15 +333,22 @@ class LearnerServicer(pbg.LearnerServiceServicer):
 
     @rpc
     async def PullRollouts(self, request: pb.PullRolloutsRequest, context) -> pb.PullRolloutsResponse:
-        wait_ms = request.wait_ms
-        remaining = context.time_remaining()
-        if remaining is not None:  # answer (empty) before the caller's deadline, not after it
-            wait_ms = min(wait_ms, max(0, int(remaining * 1000) - 200))
         with self.pulls.hold(client_address(context)):
-            pulled = await self.learner.pull(request.run_id, request.learner_id, request.max_manifests, wait_ms,
-                                             request.include_pending)
+            pulled = await self.learner.pull(request.run_id, request.learner_id, request.max_manifests,
+                                             _poll_ms(request.wait_ms, context), request.include_pending)
         return pb.PullRolloutsResponse(
             rollouts=[pb.PulledRollout(delivery_id=d, manifest=m) for d, m in pulled.rollouts],
+            latest_adapter_version=pulled.latest_version,
+        )
+
+    @rpc
+    async def PullContributions(self, request: pb.PullContributionsRequest, context) -> pb.PullContributionsResponse:
+        with self.pulls.hold(client_address(context)):
+            pulled = await self.learner.pull_contributions(
+                request.run_id, request.aggregator_id, request.max_contributions, _poll_ms(request.wait_ms, context),
+                request.include_pending)
+        return pb.PullContributionsResponse(
+            contributions=[pb.PulledContribution(delivery_id=d, manifest=m) for d, m in pulled.contributions],
             latest_adapter_version=pulled.latest_version,
         )
 

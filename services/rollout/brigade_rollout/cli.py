@@ -7,33 +7,29 @@ from typing import Annotated
 
 import typer
 
-from brigade.options import DEFAULTS, BucketUrl, LogLevel, MetricsPort, ProxyAddr, Run, TlsCa, Token
+from brigade.options import (
+    DEFAULTS,
+    BucketUrl,
+    CapacityClass,
+    Device,
+    ExitWhenFinished,
+    LogLevel,
+    MetricsPort,
+    Price,
+    ProxyAddr,
+    RewardRedis,
+    RewardWorkers,
+    Run,
+    TlsCa,
+    Token,
+    check_fleet_flags,
+)
 
 WorkerId = Annotated[str, typer.Option("--worker-id", envvar="BRIGADE_WORKER_ID",
                                        help="This worker's id. [default: hostname-pid]", show_default=False)]
-CapacityClass = Annotated[str, typer.Option("--capacity-class", envvar="BRIGADE_CAPACITY_CLASS",
-                                            help="spot or on-demand, reported in every manifest.")]
-Price = Annotated[float, typer.Option("--price-per-hour", envvar="BRIGADE_PRICE_PER_HOUR",
-                                      help="What this machine costs per hour, for dollars per usable sample.")]
 EngineName = Annotated[str, typer.Option("--engine", envvar="BRIGADE_ENGINE",
                                          help="hf (transformers, CPU or GPU) or vllm (CUDA; pip install brigade[vllm]).")]
 MaxBatches = Annotated[int, typer.Option("--max-batches", help="Exit after this many completed batches; 0 = forever.")]
-ExitWhenFinished = Annotated[bool, typer.Option(
-    "--exit-when-finished/--poll-when-finished", envvar="BRIGADE_EXIT_WHEN_FINISHED",
-    help="Exit 0 once the proxy says the run is finished (max_steps reached or every batch done): right for "
-         "spot VMs and jobs that bill until they stop. Off by default: under a supervisor that restarts any exit "
-         "(a Deployment, systemd Restart=always) an exit would only reload the model in a loop, while polling a "
-         "finished run costs one call per 5 s.")]
-Device = Annotated[str, typer.Option("--device", envvar="BRIGADE_DEVICE",
-                                     help="cpu, cuda or cuda:N; overrides the run spec's device.")]
-RewardRedis = Annotated[str, typer.Option(
-    "--redis-url", envvar="BRIGADE_REDIS_URL",
-    help="Redis for the rq queue of sandboxed reward functions (brigade:{run}:rewards); only needed when the run "
-         "has sandboxed rewards.")]
-RewardWorkers = Annotated[bool, typer.Option(
-    "--reward-worker/--no-reward-worker",
-    help="Start a local rq worker subprocess for sandboxed rewards; with --no-reward-worker run "
-         "`rq worker --url $BRIGADE_REDIS_URL brigade:{run}:rewards` yourself.")]
 
 
 def rollout(
@@ -59,12 +55,11 @@ def rollout(
 
     SIGTERM or SIGINT hands the batch in progress back (requeued at once) and exits 0.
     """
-    if capacity_class not in ("spot", "on-demand"):
-        raise typer.BadParameter(f"{capacity_class!r}: use spot or on-demand", param_hint="--capacity-class")
+    check_fleet_flags(capacity_class, price_per_hour)
     if engine not in ("hf", "vllm"):
         raise typer.BadParameter(f"{engine!r}: use hf or vllm", param_hint="--engine")
-    if price_per_hour < 0 or max_batches < 0:
-        raise typer.BadParameter("--price-per-hour and --max-batches must be >= 0")
+    if max_batches < 0:
+        raise typer.BadParameter("--max-batches must be >= 0")
 
     import asyncio
     import signal

@@ -42,7 +42,6 @@ from typing import TypeVar
 
 import grpc
 import structlog
-import torch
 
 from brigade import keys
 from brigade.adapters import InvalidAdapter
@@ -61,7 +60,7 @@ from brigade.engine import make_engine
 from brigade.engine.base import Engine, Sample, Stopped
 from brigade.retry import Backoff, retry
 from brigade.rewards import RewardCall, RewardSet, RqSandbox, Scores, TrainerState, reward_queue
-from brigade.rollout_format import Rollout, from_bytes
+from brigade.rollout_format import Rollout, build_rollout, from_bytes
 from brigade.rpc import ProxyClient, describe_rpc_error, is_transient
 from brigade.v1 import brigade_pb2 as pb
 from brigade_rollout import metrics
@@ -142,36 +141,6 @@ async def with_retries(what: str, fn: Callable[[], Awaitable[T]], retryable: Cal
 
 
 # ---------------------------------------------------------------- the rollout object
-
-
-def build_rollout(lease: pb.Lease, samples: list[Sample], totals: list[float | None],
-                  parts: list[list[float | None]], names: list[str], pad_id: int,
-                  reward_metrics: dict[str, list[float]] | None = None) -> Rollout:
-    n, p = len(samples), max(len(s.prompt_ids) for s in samples)
-    c = max(1, max(len(s.completion_ids) for s in samples))
-    prompt_ids = torch.full((n, p), pad_id, dtype=torch.int64)
-    prompt_mask = torch.zeros((n, p), dtype=torch.int8)
-    completion_ids = torch.full((n, c), pad_id, dtype=torch.int64)
-    completion_mask = torch.zeros((n, c), dtype=torch.int8)
-    logprobs = torch.zeros((n, c), dtype=torch.float32)
-    for i, s in enumerate(samples):
-        lp, lc = len(s.prompt_ids), len(s.completion_ids)
-        prompt_ids[i, p - lp :] = torch.tensor(s.prompt_ids)      # left-padded
-        prompt_mask[i, p - lp :] = 1
-        completion_ids[i, :lc] = torch.tensor(s.completion_ids)  # right-padded
-        completion_mask[i, :lc] = 1
-        logprobs[i, :lc] = torch.tensor(s.logprobs)
-    nan = float("nan")
-    return Rollout(
-        run_id=lease.run_id, batch_id=lease.batch.batch_id, attempt=lease.attempt,
-        policy_version=lease.adapter_version, prompt_ids=prompt_ids, prompt_mask=prompt_mask,
-        completion_ids=completion_ids, completion_mask=completion_mask, logprobs=logprobs,
-        rewards=torch.tensor([nan if r is None else r for r in totals], dtype=torch.float32),
-        reward_parts=torch.tensor([[nan if v is None else v for v in col] for col in parts],
-                                  dtype=torch.float32).T.reshape(n, len(parts)),
-        group=torch.tensor([s.group for s in samples], dtype=torch.int32), reward_names=names,
-        reward_metrics=reward_metrics or {},
-    )
 
 
 def text_sidecar(lease: pb.Lease, worker_id: str, samples: list[Sample], completions: list[str],
@@ -263,6 +232,9 @@ class Worker:
             "GetRun", lambda: self.client.runs.GetRun(pb.RunRef(run_id=cfg.run), timeout=RPC_TIMEOUT_S),
             rpc_retryable, RPC_TIMEOUT_S + 1)
         self.spec = spec = state.spec
+        if spec.topology == "local_sgd":
+            raise FatalError(f"run {cfg.run} has topology local_sgd: its batches are generated and trained by "
+                             "`brigade trainer` processes, not rollout workers")
         self.bucket = open_bucket(cfg.bucket)
         try:
             await with_retries("probing the bucket's create-only writes",

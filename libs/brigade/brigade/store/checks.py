@@ -21,7 +21,7 @@ from google.protobuf.message import Message
 
 from brigade import keys
 from brigade.config import ConfigError
-from brigade.spec import MAX_PROMPTS, validate_spec
+from brigade.spec import MAX_PROMPTS, MAX_ROUND_LEASES, validate_spec
 from brigade.store.errors import InvalidArgument
 from brigade.v1 import brigade_pb2 as pb
 
@@ -36,6 +36,7 @@ MAX_URI = 1_024
 MAX_RUNS = 1_000              # runs one Redis holds; CreateRun beyond it is RESOURCE_EXHAUSTED
 MAX_WORKERS_PER_RUN = 4_096   # distinct worker ids seen (and not yet pruned) per run; more: RESOURCE_EXHAUSTED
 MAX_MANIFEST_BYTES = 8_192    # a rollout manifest with every field at its bound (tests/unit/test_wire_bounds.py)
+MAX_CONTRIBUTION_BYTES = 144 << 10  # a contribution manifest with every field at its bound
 STREAM_ID_RE = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
 HEX64_RE = re.compile(r"[0-9a-f]{64}")
 
@@ -66,7 +67,8 @@ WIRE_BOUNDS: dict[str, Bound] = {
     **{f"{m}.run_id": _id("a run id") for m in (
         "AcquireLeaseRequest", "HeartbeatRequest", "CompleteLeaseRequest", "FailLeaseRequest", "PullRolloutsRequest",
         "AckRolloutsRequest", "PublishAdapterRequest", "RunSpec", "RunRef", "WatchRunRequest", "GetMetricsRequest",
-        "RolloutManifest", "AdapterManifest")},
+        "RolloutManifest", "AdapterManifest", "SubmitContributionRequest", "ContributionManifest",
+        "PullContributionsRequest")},
     **{f"{m}.worker_id": _id("a worker id") for m in (
         "AcquireLeaseRequest", "HeartbeatRequest", "CompleteLeaseRequest", "FailLeaseRequest", "RolloutManifest")},
     **{f"{m}.lease_id": _id("a lease id (a work stream entry id)") for m in (
@@ -83,6 +85,20 @@ WIRE_BOUNDS: dict[str, Bound] = {
     "RolloutManifest.text_uri": Bound(MAX_URI, "the rollout's text sidecar key", printable=True),
     "RolloutManifest.sha256": Bound(64, "hex digest", printable=True),
     "FailLeaseRequest.message": Bound(MAX_TEXT, "why a lease failed (the first 500 characters are kept)"),
+    # local_sgd: a trainer's round, and the aggregator's pulls (it acks with AckRollouts)
+    **{f"{m}.trainer_id": _id("a trainer's worker id") for m in ("SubmitContributionRequest", "ContributionManifest")},
+    "SubmitContributionRequest.lease_ids": Bound(MAX_ROUND_LEASES, "leases of one contribution", unit="entries"),
+    "SubmitContributionRequest.lease_ids[]": _id("a lease id"),
+    "ContributionManifest.contribution_id": _id("a contribution id (32 hex)"),
+    "ContributionManifest.batch_ids": Bound(MAX_ROUND_LEASES, "batches of one contribution", unit="entries"),
+    "ContributionManifest.batch_ids[]": _id("a batch id"),
+    "ContributionManifest.empty_batch_ids": Bound(MAX_ROUND_LEASES, "its batches with no usable sample",
+                                                  unit="entries"),
+    "ContributionManifest.empty_batch_ids[]": _id("a batch id"),
+    "ContributionManifest.uri": Bound(MAX_URI, "the contribution object's key", printable=True),
+    "ContributionManifest.sha256": Bound(64, "hex digest", printable=True),
+    "ContributionManifest.capacity_class": _label("a trainer's capacity_class"),
+    "PullContributionsRequest.aggregator_id": _id("an aggregator id"),
     # the learner's side
     "AckRolloutsRequest.delivery_ids": Bound(MAX_IDS_PER_ACK, "delivery ids of one ack", unit="entries"),
     "AckRolloutsRequest.delivery_ids[]": _id("a delivery id"),
@@ -119,7 +135,8 @@ WIRE_BOUNDS: dict[str, Bound] = {
     "LoraSpec.target_modules[]": Bound(MAX_ID_CHARS, "a module name", printable=True),
     **{f"{m}.{f}": _label("one of the spec's choices") for m, f in (
         ("RunSpec", "dtype"), ("RunSpec", "device"), ("RunSpec", "adapter_payload"), ("GrpoSpec", "loss_agg"),
-        ("GrpoSpec", "scale_rewards"), ("GrpoSpec", "lr_schedule"))},
+        ("GrpoSpec", "scale_rewards"), ("GrpoSpec", "lr_schedule"), ("RunSpec", "topology"), ("LocalSgdSpec", "merge"),
+        ("LocalSgdSpec", "outer_optimizer"))},
 }
 
 
@@ -337,6 +354,49 @@ def check_rollout_manifest(run: str, m: pb.RolloutManifest) -> None:
     if m.compute_seconds < 0 or m.price_per_hour < 0:
         problems.append("compute_seconds and price_per_hour must be >= 0")
     _refuse("rollout", problems)
+
+
+def check_contribution(run: str, trainer: str, lease_ids: Sequence[str], m: pb.ContributionManifest) -> None:
+    """SubmitContribution's manifest against its request: its trainer and its leases."""
+    problems = []
+    if m.trainer_id != trainer:
+        problems.append(f"trainer_id {short(m.trainer_id)} is not the submitting trainer {short(trainer)}")
+    if len(lease_ids) != len(m.batch_ids):
+        problems.append(f"{len(m.batch_ids)} batch_ids for {len(lease_ids)} leases: one per lease")
+    if m.contribution_id != keys.contribution_id(run, trainer, list(lease_ids)):
+        problems.append("contribution_id must be keys.contribution_id(run, trainer, lease ids)")
+    _refuse("contribution", problems)
+    check_contribution_manifest(run, m)
+
+
+def check_contribution_manifest(run: str, m: pb.ContributionManifest) -> None:
+    """Everything about a contribution manifest alone: the proxy checks it on SubmitContribution, the
+    aggregator again before it reads the object the manifest points at."""
+    problems = _run_mismatch(run, m.run_id)
+    if problem := wire_problem(m):
+        problems.append(problem)
+    if not 1 <= len(m.batch_ids) <= MAX_ROUND_LEASES:
+        problems.append(f"a contribution has 1 to {MAX_ROUND_LEASES} batch_ids, not {len(m.batch_ids)}")
+    for b in m.batch_ids:
+        try:
+            check_batch_id(run, b)
+        except InvalidArgument as e:
+            problems.append(str(e))
+            break
+    if len(set(m.batch_ids)) != len(m.batch_ids) or not set(m.empty_batch_ids) <= set(m.batch_ids):
+        problems.append("batch_ids must be distinct, and empty_batch_ids some of them")
+    if not re.fullmatch(r"[0-9a-f]{32}", m.contribution_id):
+        problems.append(f"contribution_id {short(m.contribution_id)} must be 32 lowercase hex characters")
+    expected_uri = keys.contribution_key(run, m.base_version, m.contribution_id)
+    if m.uri != expected_uri:
+        problems.append(f"uri {short(m.uri)} must be exactly {expected_uri!r}")
+    if not HEX64_RE.fullmatch(m.sha256):
+        problems.append(f"sha256 {short(m.sha256)} must be 64 lowercase hex characters")
+    if not all(math.isfinite(v) for v in (m.reward_mean, m.compute_seconds, m.price_per_hour)):
+        problems.append("reward_mean, compute_seconds and price_per_hour must be finite numbers")
+    if m.compute_seconds < 0 or m.price_per_hour < 0:
+        problems.append("compute_seconds and price_per_hour must be >= 0")
+    _refuse("contribution", problems)
 
 
 def check_adapter_manifest(run: str, m: pb.AdapterManifest) -> None:

@@ -1,4 +1,5 @@
-"""What a rollout worker does with a lease: acquire, heartbeat, complete, fail."""
+"""What a rollout worker does with a lease: acquire, heartbeat, complete, fail; and what a local
+trainer (topology local_sgd) does with a round of them: submit them with its contribution."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 from brigade import keys
 from brigade.store.checks import (
     MAX_WORKERS_PER_RUN,
+    check_contribution,
     check_fail_reason,
     check_id,
     check_lease_ref,
@@ -16,7 +18,7 @@ from brigade.store.checks import (
     check_worker_info,
     require_manifest,
 )
-from brigade.store.runs import RunInfo, Runs
+from brigade.store.runs import RunInfo, Runs, require_topology
 from brigade.store.scripts import Scripts, text
 from brigade.v1 import brigade_pb2 as pb
 
@@ -101,10 +103,30 @@ class Leases:
         check_lease_ref(run, lease_id, worker)
         require_manifest(manifest)
         ri = await self.runs.get(run)
+        require_topology(ri, "central", "CompleteLease")
         check_rollout_manifest(run, manifest)
         outcome, *values = await self.scripts.complete(
             ri.keys, lease=ri.keys.lease(lease_id), lease_id=lease_id, worker=worker, batch=manifest.batch_id,
             attempt=manifest.attempt, policy_version=manifest.policy_version, manifest=manifest.SerializeToString())
+        if text(outcome) == "duplicate":
+            return Completion(True)
+        return Completion(False, text(values[0]))
+
+    async def submit(self, run: str, trainer: str, lease_ids: list[str],
+                     manifest: pb.ContributionManifest | None) -> Completion:
+        """Complete every lease of a trainer's round at once and queue its contribution (local_sgd)."""
+        check_id("run_id", run)
+        check_id("trainer_id", trainer)
+        for lease_id in lease_ids:
+            check_lease_ref(run, lease_id, trainer)
+        require_manifest(manifest)
+        ri = await self.runs.get(run)
+        require_topology(ri, "local_sgd", "SubmitContribution")
+        check_contribution(run, trainer, lease_ids, manifest)
+        outcome, *values = await self.scripts.contribute(
+            ri.keys, worker=trainer, lease_prefix=ri.lease_prefix, contribution=manifest.contribution_id,
+            base_version=manifest.base_version, manifest=manifest.SerializeToString(), n=len(lease_ids),
+            ids=[*lease_ids, *manifest.batch_ids])
         if text(outcome) == "duplicate":
             return Completion(True)
         return Completion(False, text(values[0]))

@@ -20,8 +20,8 @@ import structlog
 
 from brigade import keys
 from brigade.spec import RUN_ID_RE
-from brigade.store.checks import MAX_RUNS, check_id, check_run_spec, short
-from brigade.store.errors import AlreadyExists, NotFound
+from brigade.store.checks import MAX_RUNS, MAX_WORKERS_PER_RUN, check_id, check_run_spec, short
+from brigade.store.errors import AlreadyExists, FailedPrecondition, NotFound
 from brigade.store.scripts import Scripts, text
 from brigade.v1 import brigade_pb2 as pb
 
@@ -50,6 +50,10 @@ class RunInfo:
         self.batches_per_epoch = max(1, math.ceil(self.num_prompts / max(1, spec.prompts_per_batch)))
         self.total_batches = spec.epochs * self.batches_per_epoch  # 0 = unbounded
         self.capacity = max(1, spec.batches_per_step) * (st.max_staleness + 1)
+        if spec.topology == "local_sgd":
+            # no admission: every trainer holds at most one round of leases and generates on-policy, so
+            # the work in flight is bounded by the fleet, and staleness is the aggregator's to judge
+            self.capacity *= max(1, spec.local_sgd.local_steps) * MAX_WORKERS_PER_RUN
         # a lease hash outlives its lease; once expired/revoked it stays a while so the worker
         # learns why on its next heartbeat instead of hearing "unknown lease"
         self.lease_ttl_ms = self.lease_ms * 2 + 60_000
@@ -82,6 +86,14 @@ class RunInfo:
         out = pb.PromptBatch(batch_id=batch_id, run_id=self.run, epoch=epoch, index=index)
         out.prompts.extend(self.prompts[i] for i in order)
         return out
+
+
+def require_topology(info: RunInfo, topology: str, call: str) -> None:
+    """FailedPrecondition when `call` does not belong to the run's topology (a rollout worker on a
+    local_sgd run, a trainer on a central one): its batches would reach nobody."""
+    if info.spec.topology != topology:
+        raise FailedPrecondition(f"run {info.run} has topology {info.spec.topology}; {call} belongs to "
+                                 f"topology {topology}")
 
 
 class Runs:

@@ -43,20 +43,22 @@ class Views:
             p.get(k.adapter_latest)
             p.get(k.learner_step)
             p.xlen(k.deadletter)
-            cursor, work_len, pending, rollouts_len, consumed, stats, latest, step, dead = await p.execute()
+            p.xlen(k.contributions)
+            cursor, work_len, pending, rollouts_len, consumed, stats, latest, step, dead, contributions = await p.execute()
         stats = {text(a): number(b) for a, b in stats.items()}
         leased = int(pending["pending"]) if pending else 0
         cut = number(cursor)
         step_n = number(step)
         finished = (info.spec.max_steps > 0 and step_n >= info.spec.max_steps) or (
-            info.total_batches > 0 and cut >= info.total_batches and work_len == 0 and rollouts_len == 0)
+            info.total_batches > 0 and cut >= info.total_batches and work_len == 0 and rollouts_len == 0
+            and contributions == 0)
         return pb.RunState(
             spec=info.spec, latest_version=number(latest), learner_step=step_n, batches_created=cut,
             queued=max(0, work_len - leased), leased=leased, completed=rollouts_len, consumed=consumed,
             rejected=stats.get("rejected", 0), revoked=stats.get("revoked", 0), expired=stats.get("expired", 0),
             deadlettered=dead, stale_removed=stats.get("stale_removed", 0),
             duplicates=stats.get("duplicates", 0), created_ms=stats.get("created_ms", 0),
-            num_prompts=info.num_prompts, finished=finished,
+            num_prompts=info.num_prompts, finished=finished, contributions=contributions,
         )
 
     async def list_leases(self, run: str) -> list[pb.LeaseInfo]:

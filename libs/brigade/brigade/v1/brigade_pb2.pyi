@@ -87,8 +87,30 @@ class RewardSpec(_message.Message):
     kwargs: str
     def __init__(self, function: _Optional[str] = ..., weight: _Optional[float] = ..., sandboxed: _Optional[bool] = ..., timeout_s: _Optional[float] = ..., kwargs: _Optional[str] = ...) -> None: ...
 
+class LocalSgdSpec(_message.Message):
+    __slots__ = ("local_steps", "upload_seconds", "min_contributions", "round_timeout_s", "merge", "outer_optimizer", "outer_lr", "outer_momentum", "stale_weight")
+    LOCAL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    UPLOAD_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    MIN_CONTRIBUTIONS_FIELD_NUMBER: _ClassVar[int]
+    ROUND_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    MERGE_FIELD_NUMBER: _ClassVar[int]
+    OUTER_OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
+    OUTER_LR_FIELD_NUMBER: _ClassVar[int]
+    OUTER_MOMENTUM_FIELD_NUMBER: _ClassVar[int]
+    STALE_WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    local_steps: int
+    upload_seconds: float
+    min_contributions: int
+    round_timeout_s: float
+    merge: str
+    outer_optimizer: str
+    outer_lr: float
+    outer_momentum: float
+    stale_weight: float
+    def __init__(self, local_steps: _Optional[int] = ..., upload_seconds: _Optional[float] = ..., min_contributions: _Optional[int] = ..., round_timeout_s: _Optional[float] = ..., merge: _Optional[str] = ..., outer_optimizer: _Optional[str] = ..., outer_lr: _Optional[float] = ..., outer_momentum: _Optional[float] = ..., stale_weight: _Optional[float] = ...) -> None: ...
+
 class RunSpec(_message.Message):
-    __slots__ = ("run_id", "model", "dtype", "device", "lora", "sampling", "grpo", "staleness", "rewards", "prompts_per_batch", "batches_per_step", "max_steps", "publish_every", "checkpoint_every", "seed", "adapter_payload", "eval_every", "sync", "epochs", "dataset", "eval_dataset", "revision", "trust_remote_code", "dataset_split", "eval_split", "prompt_column", "dataset_config", "report_to")
+    __slots__ = ("run_id", "model", "dtype", "device", "lora", "sampling", "grpo", "staleness", "rewards", "prompts_per_batch", "batches_per_step", "max_steps", "publish_every", "checkpoint_every", "seed", "adapter_payload", "eval_every", "sync", "epochs", "dataset", "eval_dataset", "revision", "trust_remote_code", "dataset_split", "eval_split", "prompt_column", "dataset_config", "report_to", "topology", "local_sgd")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -117,6 +139,8 @@ class RunSpec(_message.Message):
     PROMPT_COLUMN_FIELD_NUMBER: _ClassVar[int]
     DATASET_CONFIG_FIELD_NUMBER: _ClassVar[int]
     REPORT_TO_FIELD_NUMBER: _ClassVar[int]
+    TOPOLOGY_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_SGD_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     model: str
     dtype: str
@@ -145,7 +169,9 @@ class RunSpec(_message.Message):
     prompt_column: str
     dataset_config: str
     report_to: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, run_id: _Optional[str] = ..., model: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., lora: _Optional[_Union[LoraSpec, _Mapping]] = ..., sampling: _Optional[_Union[SamplingSpec, _Mapping]] = ..., grpo: _Optional[_Union[GrpoSpec, _Mapping]] = ..., staleness: _Optional[_Union[StalenessSpec, _Mapping]] = ..., rewards: _Optional[_Iterable[_Union[RewardSpec, _Mapping]]] = ..., prompts_per_batch: _Optional[int] = ..., batches_per_step: _Optional[int] = ..., max_steps: _Optional[int] = ..., publish_every: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., seed: _Optional[int] = ..., adapter_payload: _Optional[str] = ..., eval_every: _Optional[int] = ..., sync: _Optional[bool] = ..., epochs: _Optional[int] = ..., dataset: _Optional[str] = ..., eval_dataset: _Optional[str] = ..., revision: _Optional[str] = ..., trust_remote_code: _Optional[bool] = ..., dataset_split: _Optional[str] = ..., eval_split: _Optional[str] = ..., prompt_column: _Optional[str] = ..., dataset_config: _Optional[str] = ..., report_to: _Optional[_Iterable[str]] = ...) -> None: ...
+    topology: str
+    local_sgd: LocalSgdSpec
+    def __init__(self, run_id: _Optional[str] = ..., model: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., lora: _Optional[_Union[LoraSpec, _Mapping]] = ..., sampling: _Optional[_Union[SamplingSpec, _Mapping]] = ..., grpo: _Optional[_Union[GrpoSpec, _Mapping]] = ..., staleness: _Optional[_Union[StalenessSpec, _Mapping]] = ..., rewards: _Optional[_Iterable[_Union[RewardSpec, _Mapping]]] = ..., prompts_per_batch: _Optional[int] = ..., batches_per_step: _Optional[int] = ..., max_steps: _Optional[int] = ..., publish_every: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., seed: _Optional[int] = ..., adapter_payload: _Optional[str] = ..., eval_every: _Optional[int] = ..., sync: _Optional[bool] = ..., epochs: _Optional[int] = ..., dataset: _Optional[str] = ..., eval_dataset: _Optional[str] = ..., revision: _Optional[str] = ..., trust_remote_code: _Optional[bool] = ..., dataset_split: _Optional[str] = ..., eval_split: _Optional[str] = ..., prompt_column: _Optional[str] = ..., dataset_config: _Optional[str] = ..., report_to: _Optional[_Iterable[str]] = ..., topology: _Optional[str] = ..., local_sgd: _Optional[_Union[LocalSgdSpec, _Mapping]] = ...) -> None: ...
 
 class Prompt(_message.Message):
     __slots__ = ("id", "text", "columns", "messages_json", "columns_json")
@@ -273,6 +299,42 @@ class AdapterManifest(_message.Message):
     created_ms: int
     quantization_error: float
     def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., step: _Optional[int] = ..., uri: _Optional[str] = ..., files: _Optional[_Iterable[_Union[AdapterFile, _Mapping]]] = ..., payload: _Optional[str] = ..., created_ms: _Optional[int] = ..., quantization_error: _Optional[float] = ...) -> None: ...
+
+class ContributionManifest(_message.Message):
+    __slots__ = ("run_id", "contribution_id", "trainer_id", "base_version", "local_steps", "batch_ids", "empty_batch_ids", "uri", "sha256", "size_bytes", "num_samples", "reward_mean", "compute_seconds", "price_per_hour", "capacity_class", "created_ms")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    CONTRIBUTION_ID_FIELD_NUMBER: _ClassVar[int]
+    TRAINER_ID_FIELD_NUMBER: _ClassVar[int]
+    BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_IDS_FIELD_NUMBER: _ClassVar[int]
+    EMPTY_BATCH_IDS_FIELD_NUMBER: _ClassVar[int]
+    URI_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    REWARD_MEAN_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PRICE_PER_HOUR_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_CLASS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_MS_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    contribution_id: str
+    trainer_id: str
+    base_version: int
+    local_steps: int
+    batch_ids: _containers.RepeatedScalarFieldContainer[str]
+    empty_batch_ids: _containers.RepeatedScalarFieldContainer[str]
+    uri: str
+    sha256: str
+    size_bytes: int
+    num_samples: int
+    reward_mean: float
+    compute_seconds: float
+    price_per_hour: float
+    capacity_class: str
+    created_ms: int
+    def __init__(self, run_id: _Optional[str] = ..., contribution_id: _Optional[str] = ..., trainer_id: _Optional[str] = ..., base_version: _Optional[int] = ..., local_steps: _Optional[int] = ..., batch_ids: _Optional[_Iterable[str]] = ..., empty_batch_ids: _Optional[_Iterable[str]] = ..., uri: _Optional[str] = ..., sha256: _Optional[str] = ..., size_bytes: _Optional[int] = ..., num_samples: _Optional[int] = ..., reward_mean: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., price_per_hour: _Optional[float] = ..., capacity_class: _Optional[str] = ..., created_ms: _Optional[int] = ...) -> None: ...
 
 class Event(_message.Message):
     __slots__ = ("id", "run_id", "type", "time_ms", "attrs")
@@ -403,6 +465,24 @@ class FailLeaseResponse(_message.Message):
     next_attempt: int
     def __init__(self, requeued: _Optional[bool] = ..., deadlettered: _Optional[bool] = ..., next_attempt: _Optional[int] = ...) -> None: ...
 
+class SubmitContributionRequest(_message.Message):
+    __slots__ = ("run_id", "trainer_id", "lease_ids", "manifest")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    TRAINER_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_IDS_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    trainer_id: str
+    lease_ids: _containers.RepeatedScalarFieldContainer[str]
+    manifest: ContributionManifest
+    def __init__(self, run_id: _Optional[str] = ..., trainer_id: _Optional[str] = ..., lease_ids: _Optional[_Iterable[str]] = ..., manifest: _Optional[_Union[ContributionManifest, _Mapping]] = ...) -> None: ...
+
+class SubmitContributionResponse(_message.Message):
+    __slots__ = ("duplicate",)
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    duplicate: bool
+    def __init__(self, duplicate: _Optional[bool] = ...) -> None: ...
+
 class PullRolloutsRequest(_message.Message):
     __slots__ = ("run_id", "max_manifests", "wait_ms", "include_pending", "learner_id")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
@@ -457,6 +537,36 @@ class AckRolloutsResponse(_message.Message):
     acked: int
     def __init__(self, acked: _Optional[int] = ...) -> None: ...
 
+class PullContributionsRequest(_message.Message):
+    __slots__ = ("run_id", "max_contributions", "wait_ms", "include_pending", "aggregator_id")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONTRIBUTIONS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_PENDING_FIELD_NUMBER: _ClassVar[int]
+    AGGREGATOR_ID_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    max_contributions: int
+    wait_ms: int
+    include_pending: bool
+    aggregator_id: str
+    def __init__(self, run_id: _Optional[str] = ..., max_contributions: _Optional[int] = ..., wait_ms: _Optional[int] = ..., include_pending: _Optional[bool] = ..., aggregator_id: _Optional[str] = ...) -> None: ...
+
+class PulledContribution(_message.Message):
+    __slots__ = ("delivery_id", "manifest")
+    DELIVERY_ID_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    delivery_id: str
+    manifest: ContributionManifest
+    def __init__(self, delivery_id: _Optional[str] = ..., manifest: _Optional[_Union[ContributionManifest, _Mapping]] = ...) -> None: ...
+
+class PullContributionsResponse(_message.Message):
+    __slots__ = ("contributions", "latest_adapter_version")
+    CONTRIBUTIONS_FIELD_NUMBER: _ClassVar[int]
+    LATEST_ADAPTER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    contributions: _containers.RepeatedCompositeFieldContainer[PulledContribution]
+    latest_adapter_version: int
+    def __init__(self, contributions: _Optional[_Iterable[_Union[PulledContribution, _Mapping]]] = ..., latest_adapter_version: _Optional[int] = ...) -> None: ...
+
 class PublishAdapterRequest(_message.Message):
     __slots__ = ("run_id", "manifest")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
@@ -496,7 +606,7 @@ class RunRef(_message.Message):
     def __init__(self, run_id: _Optional[str] = ...) -> None: ...
 
 class RunState(_message.Message):
-    __slots__ = ("spec", "latest_version", "learner_step", "batches_created", "queued", "leased", "completed", "consumed", "rejected", "revoked", "expired", "deadlettered", "stale_removed", "duplicates", "created_ms", "num_prompts", "finished")
+    __slots__ = ("spec", "latest_version", "learner_step", "batches_created", "queued", "leased", "completed", "consumed", "rejected", "revoked", "expired", "deadlettered", "stale_removed", "duplicates", "created_ms", "num_prompts", "finished", "contributions")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     LATEST_VERSION_FIELD_NUMBER: _ClassVar[int]
     LEARNER_STEP_FIELD_NUMBER: _ClassVar[int]
@@ -514,6 +624,7 @@ class RunState(_message.Message):
     CREATED_MS_FIELD_NUMBER: _ClassVar[int]
     NUM_PROMPTS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
+    CONTRIBUTIONS_FIELD_NUMBER: _ClassVar[int]
     spec: RunSpec
     latest_version: int
     learner_step: int
@@ -531,7 +642,8 @@ class RunState(_message.Message):
     created_ms: int
     num_prompts: int
     finished: bool
-    def __init__(self, spec: _Optional[_Union[RunSpec, _Mapping]] = ..., latest_version: _Optional[int] = ..., learner_step: _Optional[int] = ..., batches_created: _Optional[int] = ..., queued: _Optional[int] = ..., leased: _Optional[int] = ..., completed: _Optional[int] = ..., consumed: _Optional[int] = ..., rejected: _Optional[int] = ..., revoked: _Optional[int] = ..., expired: _Optional[int] = ..., deadlettered: _Optional[int] = ..., stale_removed: _Optional[int] = ..., duplicates: _Optional[int] = ..., created_ms: _Optional[int] = ..., num_prompts: _Optional[int] = ..., finished: _Optional[bool] = ...) -> None: ...
+    contributions: int
+    def __init__(self, spec: _Optional[_Union[RunSpec, _Mapping]] = ..., latest_version: _Optional[int] = ..., learner_step: _Optional[int] = ..., batches_created: _Optional[int] = ..., queued: _Optional[int] = ..., leased: _Optional[int] = ..., completed: _Optional[int] = ..., consumed: _Optional[int] = ..., rejected: _Optional[int] = ..., revoked: _Optional[int] = ..., expired: _Optional[int] = ..., deadlettered: _Optional[int] = ..., stale_removed: _Optional[int] = ..., duplicates: _Optional[int] = ..., created_ms: _Optional[int] = ..., num_prompts: _Optional[int] = ..., finished: _Optional[bool] = ..., contributions: _Optional[int] = ...) -> None: ...
 
 class ListRunsRequest(_message.Message):
     __slots__ = ()

@@ -54,6 +54,11 @@ class LeaseServiceStub:
                 request_serializer=brigade_dot_v1_dot_brigade__pb2.FailLeaseRequest.SerializeToString,
                 response_deserializer=brigade_dot_v1_dot_brigade__pb2.FailLeaseResponse.FromString,
                 _registered_method=True)
+        self.SubmitContribution = channel.unary_unary(
+                '/brigade.v1.LeaseService/SubmitContribution',
+                request_serializer=brigade_dot_v1_dot_brigade__pb2.SubmitContributionRequest.SerializeToString,
+                response_deserializer=brigade_dot_v1_dot_brigade__pb2.SubmitContributionResponse.FromString,
+                _registered_method=True)
 
 
 class LeaseServiceServicer:
@@ -83,6 +88,13 @@ class LeaseServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SubmitContribution(self, request, context):
+        """topology local_sgd: complete every lease of a trainer's round at once and queue its contribution
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LeaseServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -105,6 +117,11 @@ def add_LeaseServiceServicer_to_server(servicer, server):
                     servicer.FailLease,
                     request_deserializer=brigade_dot_v1_dot_brigade__pb2.FailLeaseRequest.FromString,
                     response_serializer=brigade_dot_v1_dot_brigade__pb2.FailLeaseResponse.SerializeToString,
+            ),
+            'SubmitContribution': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitContribution,
+                    request_deserializer=brigade_dot_v1_dot_brigade__pb2.SubmitContributionRequest.FromString,
+                    response_serializer=brigade_dot_v1_dot_brigade__pb2.SubmitContributionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -225,6 +242,33 @@ class LeaseService:
             metadata,
             _registered_method=True)
 
+    @staticmethod
+    def SubmitContribution(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/brigade.v1.LeaseService/SubmitContribution',
+            brigade_dot_v1_dot_brigade__pb2.SubmitContributionRequest.SerializeToString,
+            brigade_dot_v1_dot_brigade__pb2.SubmitContributionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
 
 class LearnerServiceStub:
     """Missing associated documentation comment in .proto file."""
@@ -250,6 +294,11 @@ class LearnerServiceStub:
                 request_serializer=brigade_dot_v1_dot_brigade__pb2.PublishAdapterRequest.SerializeToString,
                 response_deserializer=brigade_dot_v1_dot_brigade__pb2.PublishAdapterResponse.FromString,
                 _registered_method=True)
+        self.PullContributions = channel.unary_unary(
+                '/brigade.v1.LearnerService/PullContributions',
+                request_serializer=brigade_dot_v1_dot_brigade__pb2.PullContributionsRequest.SerializeToString,
+                response_deserializer=brigade_dot_v1_dot_brigade__pb2.PullContributionsResponse.FromString,
+                _registered_method=True)
 
 
 class LearnerServiceServicer:
@@ -273,6 +322,14 @@ class LearnerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PullContributions(self, request, context):
+        """topology local_sgd: the aggregator's PullRollouts; AckRollouts acks these deliveries, with the
+        batches of merged contributions as consumed and those of dropped ones as rejected
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LearnerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -290,6 +347,11 @@ def add_LearnerServiceServicer_to_server(servicer, server):
                     servicer.PublishAdapter,
                     request_deserializer=brigade_dot_v1_dot_brigade__pb2.PublishAdapterRequest.FromString,
                     response_serializer=brigade_dot_v1_dot_brigade__pb2.PublishAdapterResponse.SerializeToString,
+            ),
+            'PullContributions': grpc.unary_unary_rpc_method_handler(
+                    servicer.PullContributions,
+                    request_deserializer=brigade_dot_v1_dot_brigade__pb2.PullContributionsRequest.FromString,
+                    response_serializer=brigade_dot_v1_dot_brigade__pb2.PullContributionsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -373,6 +435,33 @@ class LearnerService:
             '/brigade.v1.LearnerService/PublishAdapter',
             brigade_dot_v1_dot_brigade__pb2.PublishAdapterRequest.SerializeToString,
             brigade_dot_v1_dot_brigade__pb2.PublishAdapterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PullContributions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/brigade.v1.LearnerService/PullContributions',
+            brigade_dot_v1_dot_brigade__pb2.PullContributionsRequest.SerializeToString,
+            brigade_dot_v1_dot_brigade__pb2.PullContributionsResponse.FromString,
             options,
             channel_credentials,
             insecure,
