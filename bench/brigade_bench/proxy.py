@@ -109,7 +109,12 @@ async def _proxy_clients(target: str, run: str, clients: int, cycles: int, tag: 
 
 def _client_process_main() -> None:
     """Entry point of a client process: args as JSON on argv[1], results as JSON on stdout."""
+    from brigade_proxy.server import settle_heap  # imports grpc and the stubs the clients use
+
     target, run_id, clients, cycles, tag, start_at, rate = json.loads(sys.argv[1])
+    # as the proxy does: a full collection here would pause the 32 clients of this process mid-call
+    # and count as the proxy's latency
+    settle_heap()
     time.sleep(max(0.0, start_at - time.time()))  # start together with the other client processes
     result = asyncio.run(_proxy_clients(target, run_id, clients, cycles, tag, rate))
     sys.stdout.write(json.dumps(result))
