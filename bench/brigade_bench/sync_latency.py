@@ -134,10 +134,10 @@ async def _watcher_host(a: argparse.Namespace) -> None:
         files_of[id(files)] = (id(bucket), version)
         return manifest, files
 
-    def timed_decode(files):
+    def timed_decode(files, *args, **kwargs):
         t0 = time.time()
         try:
-            return decode(files)
+            return decode(files, *args, **kwargs)
         finally:
             decode_s[files_of.pop(id(files), (0, 0))] = time.time() - t0
 
