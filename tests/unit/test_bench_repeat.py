@@ -32,10 +32,12 @@ def test_summary_is_median_and_worst_with_the_load_of_each_run():
     s = repeat.summarize(runs)
     assert s["get_ratio"] == 1.05 and s["get_ratio_worst"] == 1.30          # lower is better: worst = largest
     assert s["get_mb_s"] == 300.0 and s["get_mb_s_worst"] == 250.0          # higher is better: worst = smallest
-    assert s["rounds"] == 3 and "rounds_worst" not in s                      # a setting: no way is better
+    assert s["rounds"] == 3 and type(s["rounds"]) is int and "rounds_worst" not in s  # a setting: as given
     assert s["ok"] is True and s["ok_worst"] is False                        # most runs said true; one did not
     assert s["plot"] == "c.png" and s["repeat"] == 3
     assert s["load_before"] == "0.50,1.50,2.50" and s["load_after"] == "1.50,2.50,3.50"
+    two = repeat.summarize(runs[:2])
+    assert two["rounds"] == 3 and type(two["rounds"]) is int and two["get_ratio"] == 1.175  # mean of the pair
     one = repeat.summarize(runs[:1])
     assert one["get_ratio"] == 1.05 and not any(k.endswith("_worst") for k in one) and one["repeat"] == 1
 
