@@ -324,7 +324,7 @@ def sync_notes(r: dict) -> str:
     return (
         f"Per worker, the 7B adapter's time splits into the WatchRun notification ({r['7b_notify_ms']:g} ms after "
         f"PublishAdapter returned; the event often arrives first), `adapters.read_version` ({r['7b_fetch_ms']:g} ms: "
-        f"3 GETs and sha256 checks) and the float32 decode ({r['7b_decode_ms']:g} ms), against {r['7b_raw_worker_p50_ms']:g}"
+        f"3 GETs and sha256 checks) and the decode ({r['7b_decode_ms']:g} ms), against {r['7b_raw_worker_p50_ms']:g}"
         f" ms for each worker's raw GETs. With {r['workers']} workers on this machine the sha256 and decode of all of "
         f"them share 2 cores; one worker alone: {r['7b_1w_p50_ms']:g} ms against {r['7b_1w_raw_p50_ms']:g} ms raw "
         f"({r['7b_1w_ratio']:.2f}x; fetch {r['7b_1w_fetch_ms']:g} ms, decode {r['7b_1w_decode_ms']:g} ms). The S3 server "
