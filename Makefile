@@ -72,7 +72,7 @@ demo: $(VENV_OK)
 	.venv/bin/brigade up --demo
 
 bench: $(VENV_OK)
-	.venv/bin/brigade bench all --report bench/report.md
+	.venv/bin/brigade bench all --repeat 5 --report bench/report.md
 
 chaos: $(VENV_OK)
 	BRIGADE_CHAOS_LONG=1 $(PY) -m pytest -q tests/system/test_chaos.py

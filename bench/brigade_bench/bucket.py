@@ -158,5 +158,5 @@ async def with_s3(bench: Callable[[str], Awaitable[dict]]) -> dict:
 
 
 async def run(quick: bool = False) -> dict[str, float | int | str]:
-    rounds = 3 if quick else 11
+    rounds = 5 if quick else 11
     return await with_s3(lambda url: _bench(url, rounds))

@@ -12,6 +12,9 @@ saturated_acquire_*  AcquireLease latency in that closed loop; by Little's law i
 acquire_p50/p99_ms   AcquireLease latency with the same 64 clients offering 1000 cycles/s in
                      all (open loop, like workers that generate between calls)
 light_acquire_*      the same at 200 cycles/s (64 workers, one cycle each every 320 ms)
+proxy_cpu_ms_per_cycle, proxy_cores
+                     the proxy process's CPU (all its threads) per cycle and in cores during the
+                     1000 cycles/s phase: what it needs of a machine whose other jobs set the p99
 raw_cycles_per_s     XREADGROUP, then XACK + XDEL + XADD in one pipeline, 64 concurrent tasks
 redis_py_cycles_per_s  lease_cycles_per_s again (same closed loop, same scripts, a fresh run on the
                      same Redis), through a proxy started with --no-pipelined: what the
@@ -109,7 +112,12 @@ async def _proxy_clients(target: str, run: str, clients: int, cycles: int, tag: 
 
 def _client_process_main() -> None:
     """Entry point of a client process: args as JSON on argv[1], results as JSON on stdout."""
+    from brigade_proxy.server import settle_heap  # imports grpc and the stubs the clients use
+
     target, run_id, clients, cycles, tag, start_at, rate = json.loads(sys.argv[1])
+    # as the proxy does: a full collection here would pause the 32 clients of this process mid-call
+    # and count as the proxy's latency
+    settle_heap()
     time.sleep(max(0.0, start_at - time.time()))  # start together with the other client processes
     result = asyncio.run(_proxy_clients(target, run_id, clients, cycles, tag, rate))
     sys.stdout.write(json.dumps(result))
@@ -219,6 +227,15 @@ async def _phase(target: str, run_id: str, processes: int, cycles: int, rate: fl
             "denied": sum(r["denied"] for r in results)}
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux's /proc; NaN elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
 def _stop(proc: subprocess.Popen) -> None:
     proc.terminate()
     try:
@@ -261,7 +278,9 @@ async def run(quick: bool = False, client_processes: int = 2, paced_rate: float 
                 await _create_run(target, run_id, cycles + paced_cycles + warmup + 2000)
                 await _proxy_clients(target, run_id, CONCURRENCY, min(warmup, cycles), "warm")
                 saturated = await _phase(target, run_id, client_processes, cycles)
+                cpu0 = _cpu_seconds(proxy.pid)
                 paced = await _phase(target, run_id, client_processes, paced_cycles, paced_rate)
+                paced_cpu = _cpu_seconds(proxy.pid) - cpu0
                 light = await _phase(target, run_id, client_processes, int(LIGHT_RATE * (paced_seconds or 2)),
                                      LIGHT_RATE)
             finally:
@@ -283,6 +302,8 @@ async def run(quick: bool = False, client_processes: int = 2, paced_rate: float 
         "acquire_p99_ms": round(_percentile(paced["acquire"], 0.99), 3),
         "complete_p50_ms": round(statistics.median(paced["complete"]), 3),
         "complete_p99_ms": round(_percentile(paced["complete"], 0.99), 3),
+        "proxy_cpu_ms_per_cycle": round(1000 * paced_cpu / max(1, paced["cycles"]), 3),
+        "proxy_cores": round(paced_cpu * paced["rate"] / max(1, paced["cycles"]), 3),
         # open loop at a fleet-like load: 64 workers, one cycle every 320 ms each
         "light_acquire_p50_ms": round(statistics.median(light["acquire"]), 3),
         "light_acquire_p99_ms": round(_percentile(light["acquire"], 0.99), 3),

@@ -5,7 +5,7 @@ Adapter swap, for a 7B-sized adapter: LoRA rank 16 on q/k/v/o of Llama-2-7B's 32
 - fetch: `adapters.read_version` (manifest + files through the bucket library, every file
   sha256-checked) against raw aiobotocore GETs of the same three objects, on the same S3 server
   in the same run. fetch_ratio = ours / raw (target <= 1.5).
-- load: decode (safetensors -> float32) + apply (shape and finiteness checks, copy into the model);
+- load: decode (safetensors views, bf16 as sent) + apply (shape and finiteness checks, copy into the model);
   swap: apply alone, which is all that is left on the critical path once a version was prefetched.
   The model is Llama-2-7B's skeleton on the meta device with only its LoRA weights materialised,
   so the copy is real and the 13 GB base is not needed.
@@ -110,7 +110,7 @@ async def _adapter_bench(url: str, rounds: int) -> dict:
                     if name == "fetch":
                         fetched = got
                 t0 = time.perf_counter()
-                decoded = await asyncio.to_thread(adapters.decode, fetched)
+                decoded = await asyncio.to_thread(adapters.decode, fetched, False)  # as the worker's cache does
                 times["decode"].append(time.perf_counter() - t0)
                 t0 = time.perf_counter()
                 await asyncio.to_thread(adapters.apply, model, decoded)

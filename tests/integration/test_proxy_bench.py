@@ -19,4 +19,5 @@ async def test_bench_proxy_smoke():
                 "raw_cycles_per_s", "redis_py_cycles_per_s", "cycle_ratio", "paced_cycles_per_s"):
         assert out[key] > 0, key
     assert out["cycles"] == 400 + 120 + 60 and out["denied"] == 0
+    assert 0 < out["proxy_cpu_ms_per_cycle"] < 1000 and out["proxy_cores"] > 0   # read off the proxy's /proc
     json.dumps(out)

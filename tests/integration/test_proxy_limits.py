@@ -207,7 +207,7 @@ def test_large_create_run_leaves_the_loop_free_and_touches_skip_prompts(proxy):
     with channel(proxy.target) as ch:
         listed = pbg.RunServiceStub(ch).ListRuns(pb.ListRunsRequest(), metadata=AUTH, timeout=10)
     assert [r.num_prompts for r in listed.runs if r.spec.run_id == run] == [300_000]
-    assert proxy.store.runs._cache[run].prompts is None
+    assert proxy.store.runs._cache[run].prompt_bytes is None
 
 
 def test_every_limit_is_in_the_readme():

@@ -4,9 +4,7 @@ imports (torch, transformers) inside the command body, so `brigade proxy`, `brig
 
 from __future__ import annotations
 
-import asyncio
 import importlib
-import inspect
 import json
 
 import typer
@@ -80,21 +78,16 @@ for _name, _target in SUB_APPS.items():
 BENCHMARKS = ["bucket", "proxy", "learner", "rollout", "fleet", "sync-latency", "preemption", "topology"]
 
 
-def run_benchmark(name: str, quick: bool) -> dict:
-    """Each benchmark is `brigade_bench.<name>.run(quick) -> dict`, sync or async."""
-    module = importlib.import_module(f"brigade_bench.{name.replace('-', '_')}")
-    result = module.run(quick=quick)
-    if inspect.iscoroutine(result):
-        result = asyncio.run(result)
-    return result
-
-
 @app.command()
 def bench(
     name: str = typer.Argument(..., help=f"One of: {', '.join(BENCHMARKS)}, or 'all'."),
     as_json: bool = typer.Option(False, "--json", help="Print one flat JSON object as the last line."),
     quick: bool = typer.Option(False, "--quick", help="Fewer rounds; finishes in a few minutes."),
     report: str = typer.Option("", "--report", help="With 'all': write a Markdown report here."),
+    repeat: int = typer.Option(0, "--repeat", min=0, show_default=False,
+                               help="Run each benchmark N times in a row; every figure is then its median, with "
+                                    "its worst run as <figure>_worst, and each run's load average is recorded "
+                                    "(default: 3 with --quick, else 5)."),
 ) -> None:
     """Run a benchmark; ratios compare with a baseline measured in the same run."""
     try:
@@ -103,20 +96,25 @@ def bench(
         typer.echo("brigade bench: the benchmarks (bench/ of a checkout) are not installed here; "
                    "`make install` or `pip install -e bench`", err=True)
         raise typer.Exit(2) from None
+    times = repeat or (3 if quick else 5)
     if name == "all":
         from brigade_bench.report import run_all
 
-        run_all(quick=quick, report_path=report or "bench/report.md")
+        run_all(quick=quick, report_path=report or "bench/report.md", repeat=times)
         return
     if name not in BENCHMARKS:
         raise typer.BadParameter(f"unknown benchmark {name!r}; choose from {', '.join(BENCHMARKS)} or all")
-    result = run_benchmark(name, quick)
+    from brigade_bench.repeat import run_repeated, summarize
+
+    result = summarize(run_repeated(name, quick, times))
     if not as_json:
         width = max(len(k) for k in result)
         for key, value in result.items():
             shown = f"{value:.4g}" if isinstance(value, float) else value
             typer.echo(f"{key:<{width}}  {shown}")
     typer.echo(json.dumps(result))
+    if result.get("runs_failed") == times:
+        raise typer.Exit(1)
 
 
 def main() -> None:

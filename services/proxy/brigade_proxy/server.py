@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import gc
 import inspect
 import signal
 import time
@@ -541,6 +542,17 @@ async def start_server(
     return ProxyServer(server, port, proxy, health, monitor)
 
 
+def settle_heap() -> None:
+    """Collect once, then move everything alive (modules, grpc, protobuf descriptors: ~80k objects)
+    out of the garbage collector's sight. A full collection stops the event loop, and with it every
+    call in flight, for as long as it takes to walk every tracked object: with the startup objects in
+    sight it ran every few seconds of leases and took 40 ms (on a loaded 2-core machine), 1.6 ms
+    without them. What is allocated later is still collected; a frozen startup object is never freed,
+    which a server's startup objects never are anyway."""
+    gc.collect()
+    gc.freeze()
+
+
 async def serve(
     listen: str,
     redis_url: str,
@@ -568,6 +580,7 @@ async def serve(
     log.info("proxy listening", listen=listen, port=running.port, redis=redis_url, redis_ok=redis_ok,
              bucket=bucket_url or None, auth=bool(token), tls=bool(tls_cert),
              startup_ms=round((time.monotonic() - started) * 1000))
+    settle_heap()
     metrics = start_metrics(metrics_port, running.proxy.store)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -1,6 +1,6 @@
 """Recent adapter versions, fetched and decoded ahead of use.
 
-`get(v)` returns version v's decoded tensors, and only v's: entries are keyed by the version the
+`get(v)` returns version v's decoded tensors (bf16 as sent, or int8 dequantized), and only v's: entries are keyed by the version the
 manifest in the bucket declares (adapters.read_version checks it and every file's sha256). A fetch
 already in flight (a prefetch started by an AdapterPublished event) is joined, not repeated, so the
 lease that needs the version waits only for what is left of it. Version 0 is the fresh LoRA every
@@ -79,7 +79,10 @@ class AdapterCache:
     async def _fetch(self, version: int) -> CachedAdapter:
         self.fetches += 1
         manifest, files = await adapters.read_version(self.bucket, self.run, version)
-        state = await asyncio.to_thread(adapters.decode, files)  # CPU work off the event loop
+        # CPU work off the event loop. bf16 stays bf16: the engine copies it into its own parameters
+        # (HF: load_state_dict, converting in the copy; vLLM: a bf16 file), so a float32 copy here
+        # would be one more pass over every weight and twice the memory, on the path to a new policy
+        state = await asyncio.to_thread(adapters.decode, files, False)
         log.info("adapter fetched", version=version, payload=manifest.payload,
                  bytes=sum(len(b) for b in files.values()))
         return CachedAdapter(version, manifest.payload or "bf16", state)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import abc
 import asyncio
 import hashlib
-from collections import deque
 from collections.abc import AsyncIterator
 from types import TracebackType
 
@@ -63,65 +62,6 @@ def start_sha256(data: bytes | bytearray | memoryview) -> asyncio.Future[str]:
     would), so it runs alongside whatever the caller does next (e.g. botocore serialising and
     sending the same bytes)."""
     return asyncio.get_running_loop().run_in_executor(None, sha256_hex, data)
-
-
-def _update_all(h: hashlib._Hash, chunks: list[bytes]) -> None:
-    for c in chunks:
-        h.update(c)
-
-
-class IncrementalHasher:
-    """sha256 over a sequence of chunks, computed in a worker thread while the caller keeps
-    reading, so verification overlaps the download instead of adding a pass after it.
-
-    `update` never blocks: small network reads are batched (as lists, no join copy) and a
-    single pump task feeds the batches, in order, to one thread hop at a time. A thread is
-    held only while there is hashing to do, never while waiting for the network.
-    """
-
-    def __init__(self, batch_bytes: int = 4 * CHUNK_SIZE) -> None:
-        self._h = hashlib.sha256()
-        self._batch_bytes = batch_bytes
-        self._buf: list[bytes] = []
-        self._buffered = 0
-        self._queue: deque[list[bytes]] = deque()
-        self._pump_task: asyncio.Task[None] | None = None
-
-    def update(self, chunk: bytes) -> None:
-        self._buf.append(chunk)
-        self._buffered += len(chunk)
-        if self._buffered >= self._batch_bytes:
-            self._queue.append(self._buf)
-            self._buf, self._buffered = [], 0
-            if self._pump_task is None:
-                self._pump_task = asyncio.ensure_future(self._pump())
-
-    async def _pump(self) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            while self._queue:
-                # Everything queued so far goes in one hop: fewer hops when we fall behind.
-                batch = [c for b in self._queue for c in b]
-                self._queue.clear()
-                await loop.run_in_executor(None, _update_all, self._h, batch)
-        finally:
-            # No await between the emptiness check and this line, so an update() that comes
-            # later sees None and starts a new pump.
-            self._pump_task = None
-
-    async def hexdigest(self) -> str:
-        if self._pump_task is not None:
-            await self._pump_task
-        _update_all(self._h, self._buf)  # the tail is under one batch: cheap inline
-        self._buf, self._buffered = [], 0
-        return self._h.hexdigest()
-
-    def cancel(self) -> None:
-        """Abandon (on error paths). A hop already in its thread finishes harmlessly."""
-        self._queue.clear()
-        if self._pump_task is not None:
-            self._pump_task.cancel()
-            self._pump_task = None
 
 
 # Names the local backend uses for in-progress writes; keys may not collide with them.

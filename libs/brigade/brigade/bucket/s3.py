@@ -9,6 +9,7 @@ objects, and sha256 computed alongside the transfer instead of after it.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -25,7 +26,6 @@ from brigade.bucket.base import (
     CHUNK_SIZE,
     Bucket,
     BucketError,
-    IncrementalHasher,
     ObjectExists,
     ObjectNotFound,
     check_key,
@@ -511,7 +511,11 @@ class S3Bucket(Bucket):
         readany = getattr(content, "readany", None)
         chunks: list[bytes] = []
         total = 0
-        hasher = IncrementalHasher() if sha256 is not None else None
+        # Each chunk is hashed on the loop as it arrives (a socket read, <= 256 KiB: a fraction of a
+        # millisecond), while the next one is still on the wire: the digest is ready with the last
+        # byte. A worker thread fed in batches cost more (a hop per batch, a batch left to hash after
+        # the last byte) and needs a core that a 2-core machine serving the bytes does not have.
+        hasher = hashlib.sha256() if sha256 is not None else None
         try:
             async with body:
                 while chunk := await (readany() if readany is not None else body.read(CHUNK_SIZE)):
@@ -522,16 +526,11 @@ class S3Bucket(Bucket):
             expected = resp.get("ContentLength")
             if expected is not None and total != expected:
                 raise _TornRead(f"GetObject: truncated read: {total} of {expected} bytes")
-        except BaseException as e:
-            if hasher is not None:
-                hasher.cancel()
-            if isinstance(e, _TRANSPORT_ERRORS):
-                raise _TornRead(f"GetObject (reading body): {type(e).__name__}: {e}") from e
-            raise
-        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        except _TRANSPORT_ERRORS as e:
+            raise _TornRead(f"GetObject (reading body): {type(e).__name__}: {e}") from e
         if hasher is not None:
-            self._check_digest(key, sha256, await hasher.hexdigest())
-        return data
+            self._check_digest(key, sha256, hasher.hexdigest())
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     async def stream(self, key: str, chunk_size: int = CHUNK_SIZE) -> AsyncIterator[bytes]:
         check_key(key)

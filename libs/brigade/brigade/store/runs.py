@@ -2,7 +2,9 @@
 
 Touching a run (GetRun, ListRuns, heartbeats, pulls, sweeps) reads its spec and prompt count
 only; the prompts themselves are read once per process, by the first lease that needs them
-(concurrent first leases share that one read), in chunks, and decoded off the event loop."""
+(concurrent first leases share that one read), in chunks. They are kept as each prompt's bytes and
+parsed per batch: a bytes object is invisible to the garbage collector, a parsed message is not,
+and a million of those would make every full collection (a pause of the whole proxy) scan them."""
 
 from __future__ import annotations
 
@@ -33,12 +35,13 @@ STAGE_CHUNK = 20_000   # prompts per pipeline when a run is created
 class RunInfo:
     """The immutable part of a run (spec and prompt count; the prompts once loaded), cached per process."""
 
-    def __init__(self, spec: pb.RunSpec, spec_bytes: bytes, prompts: list[pb.Prompt] | None = None, *,
+    def __init__(self, spec: pb.RunSpec, spec_bytes: bytes, prompt_bytes: list[bytes] | None = None, *,
                  num_prompts: int | None = None):
         self.spec = spec
         self.spec_bytes = spec_bytes
-        self.prompts = prompts  # None until Runs.load_prompts
-        self.num_prompts = len(prompts) if num_prompts is None and prompts is not None else num_prompts or 0
+        self.prompt_bytes = prompt_bytes  # each prompt serialized; None until Runs.load_prompts
+        self.num_prompts = (len(prompt_bytes) if num_prompts is None and prompt_bytes is not None
+                            else num_prompts or 0)
         self._loading: asyncio.Future | None = None
         self.run = spec.run_id
         self.keys = keys.RunKeys(self.run)
@@ -83,9 +86,8 @@ class RunInfo:
         _, epoch, index = keys.parse_batch_id(batch_id)
         ppb = max(1, self.spec.prompts_per_batch)
         order = self.permutation(epoch)[index * ppb:(index + 1) * ppb]
-        out = pb.PromptBatch(batch_id=batch_id, run_id=self.run, epoch=epoch, index=index)
-        out.prompts.extend(self.prompts[i] for i in order)
-        return out
+        return pb.PromptBatch.FromString(prompt_bundle(self.run, [self.prompt_bytes[i] for i in order],
+                                                       batch_id=batch_id, epoch=epoch, index=index))
 
 
 def require_topology(info: RunInfo, topology: str, call: str) -> None:
@@ -130,22 +132,21 @@ class Runs:
                                                    num_prompts=int(num_prompts)))
         return info
 
-    async def load_prompts(self, info: RunInfo) -> list[pb.Prompt]:
-        """The run's prompts, read from Redis once per process however many callers ask at once."""
-        if info.prompts is not None:
-            return info.prompts
+    async def load_prompts(self, info: RunInfo) -> list[bytes]:
+        """The run's prompts (each one's bytes), read from Redis once per process however many callers
+        ask at once."""
+        if info.prompt_bytes is not None:
+            return info.prompt_bytes
         if info._loading is None or (info._loading.done() and info._loading.exception() is not None):
             info._loading = asyncio.ensure_future(self._read_prompts(info))
-        info.prompts = await asyncio.shield(info._loading)
-        return info.prompts
+        info.prompt_bytes = await asyncio.shield(info._loading)
+        return info.prompt_bytes
 
-    async def _read_prompts(self, info: RunInfo) -> list[pb.Prompt]:
+    async def _read_prompts(self, info: RunInfo) -> list[bytes]:
         raw: list[bytes] = []
         for start in range(0, info.num_prompts, PROMPT_CHUNK):
             raw += await self.redis.lrange(info.keys.prompts, start, start + PROMPT_CHUNK - 1)
-        # parsed as one PromptBatch: a million separate FromString calls take a minute, one takes 0.2 s
-        batch = await asyncio.to_thread(lambda: pb.PromptBatch.FromString(prompt_bundle(info.run, raw)))
-        return await asyncio.to_thread(lambda: [p for p in batch.prompts])  # noqa: C416 - see prompt_bundle
+        return raw
 
     async def exists(self, run: str) -> bool:
         return run in self._cache or bool(await self.redis.exists(keys.RunKeys(run).spec))
@@ -176,7 +177,7 @@ class Runs:
             outcome, *rest = await self.scripts.create_run(
                 k, staged=staged, runs=keys.RUNS_SET, spec_bytes=spec_bytes, run=run, now=int(time.time() * 1000), max_runs=MAX_RUNS)
             if text(outcome) == "created":
-                self._cache[run] = RunInfo(spec, spec_bytes, list(prompts))
+                self._cache[run] = RunInfo(spec, spec_bytes, list(encoded))
                 return True
             existing = rest[0]
         if existing == spec_bytes:
@@ -199,9 +200,9 @@ def _varint(n: int) -> bytes:
 _PROMPTS_TAG = _varint(pb.PromptBatch.PROMPTS_FIELD_NUMBER << 3 | 2)  # length-delimited
 
 
-def prompt_bundle(run: str, encoded: Sequence[bytes]) -> bytes:
-    """PromptBatch(run_id=run, prompts=...) serialized deterministically, from each prompt's bytes,
-    piece by piece: one protobuf call over a million prompts (building, serializing or list() of the
-    repeated field) holds the GIL, and so the event loop, for seconds."""
-    head = pb.PromptBatch(run_id=run).SerializeToString(deterministic=True)
+def prompt_bundle(run: str, encoded: Sequence[bytes], **fields: object) -> bytes:
+    """PromptBatch(run_id=run, prompts=..., **fields) serialized (deterministically when `fields` are
+    unset), from each prompt's bytes, piece by piece: one protobuf call over a million prompts (building,
+    serializing or list() of the repeated field) holds the GIL, and so the event loop, for seconds."""
+    head = pb.PromptBatch(run_id=run, **fields).SerializeToString(deterministic=True)
     return head + b"".join(_PROMPTS_TAG + _varint(len(b)) + b for b in encoded)

@@ -1,0 +1,145 @@
+"""Repeated runs of one benchmark, for every benchmark alike: `brigade bench NAME --repeat N` and
+`brigade bench all --repeat N` run `brigade_bench.<name>.run(...)` N times in a row and summarise.
+
+A figure from one run on a shared machine says little: other jobs' load moves every wall-clock
+figure. So each run is recorded with the load average (1, 5, 15 min) just before and just after
+it, and each figure is summarised as its median over the runs and its worst run: the largest
+value of a figure where lower is better (times, our-over-baseline ratios, idle shares), the
+smallest where higher is better (rates, speedups). Which way is better is read off the figure's
+name (`better`), so a new benchmark gets the summary without code of its own; a figure whose name
+says neither gets its median only. The report judges its targets on the worst run.
+
+The flat summary (what `--json` prints) keeps each figure's key for its median, so a reader of one
+run's JSON reads the same keys, and adds `<key>_worst` (with several runs), `repeat`, and
+`load_before` / `load_after` (each run's 1-minute load average, comma-separated, in run order).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+# figure names, by the end of the name (or the whole name), whose larger value is better; the
+# rest of the numeric names that end like LOWER are better small. Booleans are better true.
+HIGHER = ("_per_s", "_mb_s", "speedup", "_vs_theory", "_capacity")
+LOWER = ("_ratio", "_ratio_cpu", "_ms", "_s", "_idle", "_idle_from_go", "_loss", "_rejection_rate",
+         "_overrun_frac", "denied", "_leases")
+
+
+def better(key: str) -> str | None:
+    """'higher', 'lower' or None (unknown) for a figure's name."""
+    name = key.lower()
+    if name.endswith(HIGHER) or name.startswith("speedup"):
+        return "higher"
+    if name.endswith(LOWER):
+        return "lower"
+    return None
+
+
+def loadavg() -> tuple[float, float, float] | None:
+    try:
+        return os.getloadavg()
+    except OSError:
+        return None
+
+
+def load_text(load: tuple[float, float, float] | None) -> str:
+    return " ".join(f"{x:.2f}" for x in load) if load else "?"
+
+
+def _number(v: object) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and v == v  # NaN is no figure
+
+
+def worst(key: str, values: list) -> object:
+    """The worst of one figure's values over the runs; None where better() does not say."""
+    if values and all(isinstance(v, bool) for v in values):
+        return min(values)  # a flag (finished, within noise): false is the worse
+    nums = [v for v in values if _number(v)]
+    way = better(key)
+    if not nums or way is None:
+        return None
+    return min(nums) if way == "higher" else max(nums)
+
+
+def median(values: list) -> object:
+    """Numbers: their median; flags: what most runs said; text (a path, a server name): the last run's."""
+    if values and all(isinstance(v, bool) for v in values):
+        return sum(values) * 2 > len(values)
+    if values and all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+        nums = [v for v in values if v == v]
+        if not nums:
+            return float("nan")
+        if len(set(nums)) == 1:
+            return nums[0]  # a setting, or a count every run agreed on: as the runs gave it
+        m = statistics.median(nums)
+        return float(f"{m:.6g}") if isinstance(m, float) else m  # the mean of a middle pair: no 16 digits
+    return values[-1] if values else None
+
+
+def summarize(runs: list[dict]) -> dict:
+    """One flat dict from the runs' results: each key's median (see the module doc), `<key>_worst`
+    where there is a worst (with several runs), `repeat`, each run's 1-minute load average before and
+    after, and `runs_failed` when a run raised (its `error` is the last failed run's)."""
+    results = [r["result"] for r in runs]
+    keys: list[str] = []
+    for r in results:
+        keys += [k for k in r if k not in keys]
+    out: dict = {}
+    for k in keys:
+        values = [r[k] for r in results if k in r]
+        out[k] = median(values)
+        if len(runs) > 1:
+            w = worst(k, values)
+            if w is not None:
+                out[f"{k}_worst"] = w
+    failed = sum("error" in r for r in results)
+    if failed:
+        out["runs_failed"] = failed
+    out["repeat"] = len(runs)
+    for when in ("load_before", "load_after"):
+        out[when] = ",".join(f"{r[when][0]:.2f}" if r.get(when) else "?" for r in runs)
+    return out
+
+
+def run_once(name: str, quick: bool, out_dir: Path | None = None) -> dict:
+    """`brigade_bench.<name>.run(quick[, out_dir])`, sync or async."""
+    module = importlib.import_module(f"brigade_bench.{name.replace('-', '_')}")
+    kwargs: dict = {"quick": quick}
+    if out_dir is not None and "out_dir" in inspect.signature(module.run).parameters:
+        kwargs["out_dir"] = out_dir
+    result = module.run(**kwargs)
+    if inspect.iscoroutine(result):
+        result = asyncio.run(result)
+    return result
+
+
+def run_repeated(name: str, quick: bool, repeat: int, out_dir: Path | None = None,
+                 once: Callable[[str, bool, Path | None], dict] = run_once) -> list[dict]:
+    """`repeat` runs of one benchmark, one after the other: for each, its result (or {"error": ...},
+    with the traceback on stderr: one failed run does not hide the others), seconds, and the load
+    average before and after. With several runs, each run's JSON goes to stderr as it finishes."""
+    runs = []
+    for i in range(1, repeat + 1):
+        before, t0 = loadavg(), time.monotonic()
+        if repeat > 1:
+            print(f"== {name} run {i}/{repeat} (load {load_text(before)})", file=sys.stderr, flush=True)
+        try:
+            result = once(name, quick, out_dir)
+        except Exception as e:  # noqa: BLE001 - recorded as the run's result, its traceback on stderr
+            traceback.print_exc()
+            result = {"error": f"{type(e).__name__}: {e}"[:2000]}
+        runs.append({"result": result, "seconds": round(time.monotonic() - t0, 1), "load_before": before,
+                     "load_after": loadavg()})
+        if repeat > 1:
+            print(json.dumps(result), file=sys.stderr, flush=True)
+    return runs

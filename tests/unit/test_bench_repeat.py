@@ -1,0 +1,87 @@
+"""`--repeat`: every benchmark's runs summarised alike (median, worst run by the figure's name, load
+average around each run), and the report's targets judged on the worst run."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from brigade_bench import repeat, report
+
+
+def test_which_way_is_better_is_read_off_the_name():
+    for key in ("lease_cycles_per_s", "get_mb_s", "speedup", "speedup_excl_barrier", "fleet_to_learner_capacity"):
+        assert repeat.better(key) == "higher", key
+    for key in ("get_ratio", "overhead_ratio_cpu", "acquire_p99_ms", "wall_s", "async_learner_idle",
+                "async_learner_idle_from_go", "throughput_loss", "async_rejection_rate", "denied"):
+        assert repeat.better(key) == "lower", key
+    for key in ("reward_diff_per_step", "size_mib", "rounds", "staleness_mean"):
+        assert repeat.better(key) is None, key
+
+
+def _runs(*results: dict) -> list[dict]:
+    return [{"result": r, "seconds": 1.0, "load_before": (0.5 + i, 0.4, 0.3), "load_after": (1.5 + i, 0.4, 0.3)}
+            for i, r in enumerate(results)]
+
+
+def test_summary_is_median_and_worst_with_the_load_of_each_run():
+    runs = _runs({"get_ratio": 1.05, "get_mb_s": 300.0, "rounds": 3, "plot": "a.png", "ok": True},
+                 {"get_ratio": 1.30, "get_mb_s": 250.0, "rounds": 3, "plot": "b.png", "ok": False},
+                 {"get_ratio": 1.01, "get_mb_s": 310.0, "rounds": 3, "plot": "c.png", "ok": True})
+    s = repeat.summarize(runs)
+    assert s["get_ratio"] == 1.05 and s["get_ratio_worst"] == 1.30          # lower is better: worst = largest
+    assert s["get_mb_s"] == 300.0 and s["get_mb_s_worst"] == 250.0          # higher is better: worst = smallest
+    assert s["rounds"] == 3 and type(s["rounds"]) is int and "rounds_worst" not in s  # a setting: as given
+    assert s["ok"] is True and s["ok_worst"] is False                        # most runs said true; one did not
+    assert s["plot"] == "c.png" and s["repeat"] == 3
+    assert s["load_before"] == "0.50,1.50,2.50" and s["load_after"] == "1.50,2.50,3.50"
+    two = repeat.summarize(runs[:2])
+    assert two["rounds"] == 3 and type(two["rounds"]) is int and two["get_ratio"] == 1.175  # mean of the pair
+    one = repeat.summarize(runs[:1])
+    assert one["get_ratio"] == 1.05 and not any(k.endswith("_worst") for k in one) and one["repeat"] == 1
+
+
+def test_a_failed_run_is_recorded_and_the_others_still_count(capsys):
+    calls = iter([{"x_ms": 2.0}, RuntimeError("boom"), {"x_ms": 4.0}])
+
+    def once(name, quick, out_dir):
+        item = next(calls)
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    runs = repeat.run_repeated("fake", True, 3, once=once)
+    assert [r["result"].get("error") for r in runs] == [None, "RuntimeError: boom", None]
+    assert all(r["load_before"] is not None and r["load_after"] is not None for r in runs)
+    s = repeat.summarize(runs)
+    assert s["x_ms"] == 3.0 and s["x_ms_worst"] == 4.0 and s["runs_failed"] == 1 and "boom" in s["error"]
+    assert "Traceback" in capsys.readouterr().err
+
+
+def test_targets_are_judged_on_the_worst_run():
+    runs = _runs({"put_ratio": 1.02, "get_ratio": 1.04}, {"put_ratio": 1.08, "get_ratio": 1.21},
+                 {"put_ratio": 1.01, "get_ratio": 1.02})
+    rows = {r.what.split(",")[0]: r for r in report.evaluate({"bucket": runs})}
+    put, get = rows["put 34 MiB"], rows["get 34 MiB with sha256 check"]
+    assert put.status == "pass" and put.measured.startswith("1.08x") and "median 1.02x" in put.measured
+    assert get.status == "miss" and get.measured.startswith("1.21x") and get.worst_run == "run 2, load 1.50 -> 2.50"
+    # one run without the figure: judged on the others, and the row says so
+    partial = report.evaluate({"bucket": [*runs[:1], {"result": {"error": "x"}}]})
+    assert partial[0].status == "pass" and "1 of 2 runs" in partial[0].measured
+    table = report.render_table(rows.values())
+    assert "worst run" in table and "run 2, load 1.50 -> 2.50" in table
+
+
+def test_a_nan_figure_is_the_worst_run():
+    t = report.TARGETS[0]
+    assert math.isnan(t.margin({"put_ratio": float("nan")})) and not t.check({"put_ratio": float("nan")})
+    rows = report.evaluate({"bucket": _runs({"put_ratio": 1.0}, {"put_ratio": float("nan")})})
+    assert rows[0].status == "miss" and rows[0].worst_run.startswith("run 2")
+
+
+@pytest.mark.parametrize("strict,value,ok", [(True, 0.10, False), (True, 0.09, True), (False, 1.10, True)])
+def test_strict_and_inclusive_bounds(strict, value, ok):
+    t = report.Target("b", "w", report._const(""), report._const(""), lambda r: r["v"], report._num(0.10 if strict else 1.10),
+                      strict=strict)
+    assert t.check({"v": value}) is ok
