@@ -27,14 +27,17 @@ def pick_device(name: str) -> torch.device:
 def resolve_model(name: str) -> str:
     """A path or Hugging Face id that `from_pretrained` can load without a network round trip
     where possible: 'demo' builds (once) the project's demo model, bucket URIs are mirrored into
-    the local cache, folders and hub ids pass through."""
+    the local cache, a GGUF file (or an installed package that ships one) is converted once into a
+    cached safetensors folder, folders and hub ids pass through."""
+    from brigade.gguf_models import ensure_converted
+
     if name == "demo":
         from brigade.demo.build import build_demo_model, default_model_dir
 
         return str(build_demo_model(default_model_dir()))
     if is_bucket_uri(name):
         return str(mirror(name, "models"))
-    return name
+    return ensure_converted(name) or name
 
 
 def pinned(spec: pb.RunSpec) -> dict:

