@@ -40,6 +40,7 @@ SERVICE_COMMANDS = {
 LOCAL_COMMANDS = {
     "up": "brigade_cli.up:up",
     "cost": "brigade_cli.cost:cost",
+    "real": "brigade_cli.real:real",
 }
 SUB_APPS = {
     "ctl": "brigade_cli.ctl:app",
