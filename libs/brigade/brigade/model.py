@@ -16,6 +16,14 @@ from brigade.v1 import brigade_pb2 as pb
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def torch_dtype(spec: pb.RunSpec, device: torch.device) -> torch.dtype:
+    """The spec's dtype; `auto` (the default) is bfloat16 on CUDA and float32 on CPU, where bf16
+    matmuls are slow and a 135M model's float32 copy is small."""
+    if (spec.dtype or "auto") == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return DTYPES[spec.dtype]
+
+
 def pick_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -59,7 +67,7 @@ def load_base(spec: pb.RunSpec, device: torch.device | None = None) -> tuple[Pre
     device = device or pick_device(spec.device)
     tokenizer = load_tokenizer(spec, path)
     # safetensors only: a folder holding pytorch_model.bin would otherwise be unpickled by torch.load
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[spec.dtype], use_safetensors=True,
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(spec, device), use_safetensors=True,
                                                  **pinned(spec)).to(device)
     model.requires_grad_(False)
     return model, tokenizer

@@ -108,9 +108,11 @@ def recent_rate(metrics: list[dict], window_s: float = 30.0) -> float:
     return sum(m.get("accepted_samples", 0) for m in inside[1:]) / span if span > 0 else 0.0
 
 
-def progress_line(m: dict, max_steps: int, live_workers: int, samples_per_s: float, heldout: float | None) -> str:
+def progress_line(m: dict, max_steps: int, live_workers: int, samples_per_s: float, heldout: float | None,
+                  eta: str = "") -> str:
     held = f"  held-out {heldout:.3f}" if heldout is not None else ""
-    return (f"step {m.get('step', 0):>4}/{max_steps}  reward {m.get('reward_mean', float('nan')):.3f}{held}  "
+    eta = f"  ETA {eta}" if eta else ""
+    return (f"step {m.get('step', 0):>4}/{max_steps}{eta}  reward {m.get('reward_mean', float('nan')):.3f}{held}  "
             f"kl {m.get('kl', 0.0):.4f}  staleness {m.get('staleness_mean', 0.0):.2f}  "
             f"rejected {m.get('rejection_rate', 0.0):.1%}  workers {live_workers}  {samples_per_s:.1f} samples/s")
 

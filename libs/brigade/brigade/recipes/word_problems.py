@@ -108,8 +108,8 @@ RUN = {
     "dataset": f"{DATA_DIR}/train.jsonl",
     "eval_dataset": f"{DATA_DIR}/heldout.jsonl",
     "prompt_column": "prompt",
-    "dtype": "float32",
-    "device": "cpu",
+    "dtype": "auto",     # float32 on CPU, bfloat16 on CUDA
+    "device": "auto",
     "max_steps": 60,
     "prompts_per_batch": 4,
     "batches_per_step": 1,
