@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-ORDER = ["bucket", "proxy", "learner", "rollout", "fleet", "sync-latency", "preemption"]
+ORDER = ["bucket", "proxy", "learner", "rollout", "fleet", "sync-latency", "preemption", "real"]
 
 
 # ---------------------------------------------------------------- targets
@@ -88,6 +88,20 @@ TARGETS: list[Target] = [
     Target("preemption", "longest learner stall with kills", _f("kill_max_step_gap_s", "{:.1f} s"),
            lambda r: f"< one lease timeout ({r['lease_seconds']} s)",
            lambda r: r["kill_max_step_gap_s"] < r["lease_seconds"]),
+    Target("real", "135M: hf engine CPU time / plain generate", _f("engine_ratio", "{:.2f}x"), _const("<= 1.10x"),
+           lambda r: r["engine_ratio"] <= 1.10),
+    Target("real", "135M: learner step / bare forward+backward", _f("learner_ratio", "{:.2f}x"), _const("<= 1.3x"),
+           lambda r: r["learner_ratio"] <= 1.3),
+    Target("real", "`brigade up` to the first learner step (demo, forked)", _f("startup_s", "{:.1f} s"),
+           lambda r: f"<= 8 s (not forked: {r['startup_nofork_s']:.1f} s)", lambda r: r["startup_s"] <= 8),
+    Target("real", "ordered shutdown", _f("shutdown_s", "{:.1f} s"), _const("<= 2 s"), lambda r: r["shutdown_s"] <= 2),
+    Target("real", "control plane CPU (proxy, janitor, Redis, idle evaluator) during the recipe",
+           _pct("control_plane_cpu_frac"), _const("< 5 % of a core"), lambda r: r["control_plane_cpu_frac"] < 0.05),
+    Target("real", "recipe: async / sync, seconds per step", _f("async_over_sync_speedup", "{:.2f}x"),
+           _const("> 1 (generation and training overlap)"), lambda r: r["async_over_sync_speedup"] > 1.0),
+    Target("real", "recipe: held-out accuracy, base -> final",
+           lambda r: f"{r['heldout_base']:.3f} -> {r['heldout_final']:.3f}", _const("+0.15 (full mode)"),
+           lambda r: r["heldout_final"] - r["heldout_base"] >= 0.15),
 ]
 
 

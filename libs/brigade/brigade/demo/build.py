@@ -41,7 +41,17 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from brigade.demo.task import BOS, EOS, PAD, UNK, all_problems, demo_reward, load_prompts, prompt_text
+from brigade.demo.task import (
+    BOS,
+    EOS,
+    PAD,
+    UNK,
+    all_problems,
+    default_model_dir,
+    demo_reward,
+    load_prompts,
+    prompt_text,
+)
 
 BUILD_VERSION = 2  # bump when the recipe below changes, so old caches are rebuilt
 MARKER = "build.json"
@@ -57,10 +67,6 @@ MODEL_CONFIG = dict(
     max_position_embeddings=32,
     tie_word_embeddings=True,
 )
-
-
-def default_model_dir() -> Path:
-    return Path(os.environ.get("BRIGADE_CACHE", "~/.cache/brigade")).expanduser() / "demo-model"
 
 
 def build_tokenizer() -> PreTrainedTokenizerFast:
