@@ -34,7 +34,7 @@ import threading
 import time
 from pathlib import Path
 
-FULL = dict(steps=60, rounds=5, eval_samples=4)
+FULL = dict(steps=30, rounds=5, eval_samples=4)
 QUICK = dict(steps=4, rounds=2, eval_samples=1)
 CONTROL_PLANE = ("proxy", "janitor", "redis-server", "evaluator")
 

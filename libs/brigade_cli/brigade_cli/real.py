@@ -116,6 +116,12 @@ def real(
     typer.echo(f"scoring the base model and adapter v{version} on the held-out problems "
                f"({EVAL_SAMPLES} samples each, the run's temperature)...")
     torch.set_num_threads(1)  # a shared 2-core machine: a second thread mostly spins
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", category=FutureWarning)  # transformers' deprecations, not ours to act on
     spec = build_spec(path=str(spec_path))
     states = {0: None} | ({version: final_adapter(f"file://{folder / 'run' / 'bucket'}", run_id, version)}
                           if version else {})

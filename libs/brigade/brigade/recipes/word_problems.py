@@ -110,7 +110,7 @@ RUN = {
     "prompt_column": "prompt",
     "dtype": "auto",     # float32 on CPU, bfloat16 on CUDA
     "device": "auto",
-    "max_steps": 60,
+    "max_steps": 30,
     "prompts_per_batch": 4,
     "batches_per_step": 1,
     "eval_every": 10,
