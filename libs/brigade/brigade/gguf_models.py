@@ -16,18 +16,16 @@ imported only when a conversion runs: the proxy and `ctl` can call `gguf_source`
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import importlib.metadata
 import json
 import os
 import shutil
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 from brigade.config import ConfigError
-from brigade.mirror import cache_dir
+from brigade.mirror import build_lock, cache_dir
 
 # written last into a converted folder: what it came from, for people and for a check that it is complete
 MARKER = "brigade-gguf.json"
@@ -71,15 +69,6 @@ def converted_dir(path: Path) -> Path:
     return cache_dir() / "models" / f"gguf-{stem}-{cache_key(path)}"
 
 
-@contextmanager
-def _lock(folder: Path):
-    """Several services may start at once on one machine: one converts, the others wait and reuse."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with open(folder.with_name(folder.name + ".lock"), "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        yield
-
-
 def gguf_architecture(path: Path) -> str:
     """`general.architecture` from the GGUF header (metadata only, no tensor is read)."""
     from gguf import GGUFReader
@@ -105,7 +94,7 @@ def ensure_converted(model: str, log=_log) -> str | None:
     out = converted_dir(source)
     if (out / MARKER).exists():
         return str(out)
-    with _lock(out):
+    with build_lock(out):  # several services start at once: one converts, the others wait
         if not (out / MARKER).exists():
             _convert(source, out, log)
     return str(out)
