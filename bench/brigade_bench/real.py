@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 FULL = dict(steps=30, rounds=5, eval_samples=4)
-QUICK = dict(steps=4, rounds=2, eval_samples=1)
+QUICK = dict(steps=3, rounds=2, eval_samples=1)
 CONTROL_PLANE = ("proxy", "janitor", "redis-server", "evaluator")
 
 
