@@ -63,6 +63,7 @@ def heldout_accuracy(spec, states: dict[int, dict | None], samples: int = EVAL_S
     answers = [row_columns(p)["answer"] for p in prompts]
     out = {}
     for version, state in states.items():
+        engine.load_adapter(0, None)  # a version number is not an identity across runs: always swap in
         engine.load_adapter(version, state)
         got = engine.generate([prompt_value(p) for p in prompts], sampling, seed, version, lambda: False)
         texts = engine.tokenizer.batch_decode([s.completion_ids for s in got], skip_special_tokens=True)
