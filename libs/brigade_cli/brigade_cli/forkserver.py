@@ -90,16 +90,14 @@ class ForkServer:
     """Start the server process (`python -m brigade_cli.forkserver`) in `env`; `spawn` waits until
     it has imported everything and forks a child per call."""
 
-    def __init__(self, env: dict[str, str], log: Path | None = None):
+    def __init__(self, env: dict[str, str]):
         self.dir = Path(tempfile.mkdtemp(prefix="brigade-fork-"))  # short: a unix socket path is <= 107 bytes
-        self.sock, self.exits = self.dir / "sock", self.dir / "exits"
+        self.sock, self.exits, self.log = self.dir / "sock", self.dir / "exits", self.dir / "server.log"
         self.exits.mkdir()
-        out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 - handed to the child
-        self.proc = subprocess.Popen([sys.executable, "-m", "brigade_cli.forkserver", str(self.sock), str(self.exits)],
-                                     env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     start_new_session=True)
-        if log:
-            out.close()
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "brigade_cli.forkserver", str(self.sock),
+                                          str(self.exits)], env=env, stdout=out, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -109,7 +107,8 @@ class ForkServer:
         deadline = time.monotonic() + timeout
         while True:
             if not self.alive():
-                raise RuntimeError(f"the fork server exited with {self.proc.returncode}")
+                tail = self.log.read_text(errors="replace")[-2000:] if self.log.exists() else ""
+                raise RuntimeError(f"the fork server exited with {self.proc.returncode}: {tail}")
             try:
                 with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
                     s.connect(str(self.sock))
@@ -226,7 +225,10 @@ def _reap(exits: Path) -> None:
 
 def serve(sock_path: str, exits: str) -> None:
     for name in PRELOAD:
-        importlib.import_module(name)
+        try:
+            importlib.import_module(name)
+        except ImportError as e:  # a service not installed here: its command says so when it is run
+            print(f"fork server: not preloaded: {name}: {e}", file=sys.stderr, flush=True)
     exit_dir = Path(exits)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     tmp = sock_path + ".tmp"
