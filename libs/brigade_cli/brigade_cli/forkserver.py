@@ -10,7 +10,7 @@ Fork-safety, which is why this is a process of its own and not `up` itself:
   before it forks (OMP_NUM_THREADS=1 keeps OpenMP from starting a pool at import; the server
   checks that it is single-threaded before each fork and refuses otherwise); `up` has gRPC threads;
 - each child starts a new session (its own process group, as `start_new_session=True`), gets the
-  default signal dispositions back, its own stdout/stderr (the service's log), environment and
+  default signal dispositions back, SIGTERM when the server dies (so when `up` dies), its own stdout/stderr (the service's log), environment and
   working directory, and fresh seeds for `random`, numpy and torch;
 - a child runs the `brigade` command as `python -m brigade_cli.main` would and leaves with
   `os._exit` after the atexit handlers, so nothing of the server's state is torn down twice.
@@ -160,6 +160,7 @@ def _child(request: dict) -> None:
     code = 1
     try:
         os.setsid()
+        _term_with_parent()
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -195,6 +196,15 @@ def _child(request: dict) -> None:
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(code)
+
+
+def _term_with_parent() -> None:
+    """SIGTERM (a clean stop: leases handed back) when the fork server dies, which it does when `up`
+    dies, even by SIGKILL: no service outlives the `up` that started it."""
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _reseed() -> None:

@@ -106,8 +106,13 @@ def real(
         overrides["max_steps"] = max_steps
     spec_path = write_recipe(folder, run_id, overrides)
     t0 = time.monotonic()
-    code = subprocess.call([sys.executable, "-m", "brigade_cli.main", "up", "--spec", str(spec_path),
-                            "--out", str(folder / "run"), "-n", str(workers), "--max-wall", str(max_wall)])
+    up = subprocess.Popen([sys.executable, "-m", "brigade_cli.main", "up", "--spec", str(spec_path),
+                           "--out", str(folder / "run"), "-n", str(workers), "--max-wall", str(max_wall)])
+    try:
+        code = up.wait()
+    except KeyboardInterrupt:  # `up` got the Ctrl-C too: let it stop every service in order
+        up.wait()
+        raise typer.Exit(130) from None
     minutes = (time.monotonic() - t0) / 60
     summary_path = folder / "run" / "summary.json"
     if not summary_path.exists():
