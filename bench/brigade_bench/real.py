@@ -217,6 +217,9 @@ class ProcessWatch:
 
 
 def up_run(args: list[str], out: Path, env: dict | None = None) -> tuple[dict, list[dict], ProcessWatch, int]:
+    """`brigade up ARGS --out OUT`; its summary gains `startup_s` counted from this launch (Python's own
+    start included), not from the start of `up`'s command body."""
+    launched = time.time()
     proc = subprocess.Popen([sys.executable, "-m", "brigade_cli.main", "up", *args, "--out", str(out)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     watch = ProcessWatch(proc.pid)
@@ -228,6 +231,8 @@ def up_run(args: list[str], out: Path, env: dict | None = None) -> tuple[dict, l
     summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else {}
     metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()] \
         if (out / "metrics.jsonl").exists() else []
+    if metrics:
+        summary["startup_s"] = round(metrics[0]["time_unix"] - launched, 2)
     return summary, metrics, watch, code
 
 
