@@ -37,6 +37,14 @@ def test_a_forked_service_can_be_frozen_thawed_and_killed_like_a_process(server,
     svc = Service("janitor", "brigade_cli.main", ["janitor", "--redis-url", "redis://127.0.0.1:9/0"],
                   tmp_path / "janitor.log", env, forker=server)
     svc.start()
+    try:
+        _freeze_thaw_kill(svc)
+    finally:  # a failed assertion must not leave a (frozen) janitor behind
+        svc.proc.send_signal(signal.SIGCONT)
+        svc.proc.kill()
+
+
+def _freeze_thaw_kill(svc: Service) -> None:
     pid = svc.proc.pid
     deadline = time.monotonic() + 10  # the child sets itself up right after the fork returned its pid
     while open(f"/proc/{pid}/comm").read().strip() != "brigade-janitor" and time.monotonic() < deadline:
