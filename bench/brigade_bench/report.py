@@ -21,7 +21,7 @@ from pathlib import Path
 
 from brigade_bench.repeat import load_text, loadavg, run_repeated, summarize
 
-ORDER = ["bucket", "proxy", "learner", "rollout", "fleet", "sync-latency", "preemption", "topology"]
+ORDER = ["bucket", "proxy", "learner", "rollout", "fleet", "sync-latency", "preemption", "topology", "real"]
 
 
 # ---------------------------------------------------------------- targets
@@ -124,6 +124,22 @@ TARGETS: list[Target] = [
     Target("preemption", "longest learner stall with kills", _f("kill_max_step_gap_s", "{:.1f} s"),
            lambda r: f"< one lease timeout ({r['lease_seconds']} s)",
            _key("kill_max_step_gap_s"), _key("lease_seconds"), strict=True),
+    Target("real", "135M: hf engine CPU time / plain generate", _f("engine_ratio", "{:.2f}x"), _const("<= 1.10x"),
+           _key("engine_ratio"), _num(1.10)),
+    Target("real", "135M: learner step / bare forward+backward", _f("learner_ratio", "{:.2f}x"), _const("<= 1.3x"),
+           _key("learner_ratio"), _num(1.3)),
+    Target("real", "`brigade up` to the first learner step (demo, forked)", _f("startup_s", "{:.1f} s"),
+           lambda r: f"<= 8 s (not forked: {r['startup_nofork_s']:.1f} s)", _key("startup_s"), _num(8.0)),
+    Target("real", "ordered shutdown", _f("shutdown_s", "{:.1f} s"), _const("<= 2 s"), _key("shutdown_s"), _num(2.0)),
+    Target("real", "control plane CPU (proxy, janitor, Redis, idle evaluator) during the recipe",
+           _pct("control_plane_cpu_frac"), _const("< 5 % of a core"), _key("control_plane_cpu_frac"), _num(0.05),
+           strict=True),
+    Target("real", "recipe: async / sync, seconds per step", _f("async_over_sync_speedup", "{:.2f}x"),
+           _const("> 1 (generation and training overlap)"), _key("async_over_sync_speedup"), _num(1.0), higher=True,
+           strict=True),
+    Target("real", "recipe: held-out accuracy, base -> final",
+           lambda r: f"{r['heldout_base']:.3f} -> {r['heldout_final']:.3f}", _const("+0.15 (full mode)"),
+           lambda r: r["heldout_final"] - r["heldout_base"], _num(0.15), higher=True),
 ]
 
 

@@ -17,7 +17,9 @@ SUMMARY_KEYS = {"run", "steps", "wall_s", "samples", "rejected", "first20_reward
 
 
 def processes_using(marker: str) -> dict[int, str]:
-    """Command lines of live processes whose environment or arguments mention `marker`, by pid."""
+    """Command lines of live processes whose environment, arguments or log (stdout) mention `marker`,
+    by pid, with the log's path appended: a service forked from `up`'s fork server has the fork
+    server's command line and initial environment, and its own log on stdout."""
     found = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         if int(pid) == os.getpid():
@@ -25,10 +27,11 @@ def processes_using(marker: str) -> dict[int, str]:
         try:
             blob = Path(f"/proc/{pid}/environ").read_bytes() + Path(f"/proc/{pid}/cmdline").read_bytes()
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            stdout = os.readlink(f"/proc/{pid}/fd/1")
         except OSError:
             continue
-        if marker.encode() in blob:
-            found[int(pid)] = cmdline
+        if marker.encode() in blob or marker in stdout:
+            found[int(pid)] = f"{cmdline} > {stdout}"
     return found
 
 
@@ -88,7 +91,7 @@ def test_brigade_up_restarts_a_service_that_dies(tmp_path):
             assert proc.poll() is None and time.monotonic() < deadline, "the run never reached step 5"
             time.sleep(0.2)
         ours = processes_using(str(out))
-        victims = [pid for pid, cmd in ours.items() if " learner " in cmd or "local-0" in cmd]
+        victims = [pid for pid, cmd in ours.items() if cmd.endswith(("/learner.log", "/rollout-0.log"))]
         assert len(victims) == 2, ours
         for pid in victims:
             os.kill(pid, signal.SIGKILL)

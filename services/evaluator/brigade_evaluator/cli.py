@@ -87,11 +87,18 @@ def evaluator(
         pass
     finally:
         if child is not None and child.poll() is None:
+            # rq stops warm on the first SIGTERM (after the job in flight, which for a 135M model is
+            # tens of seconds) and cold on the second: an evaluation still running after a second
+            # is abandoned (its version goes unscored) rather than holding up the stop
             child.send_signal(signal.SIGTERM)
             try:
-                child.wait(10)
+                child.wait(1)
             except subprocess.TimeoutExpired:
-                child.kill()
+                child.send_signal(signal.SIGTERM)
+                try:
+                    child.wait(5)
+                except subprocess.TimeoutExpired:
+                    child.kill()
 
 
 def main() -> None:

@@ -22,13 +22,11 @@ with sampled accuracy. Built once per parameter set and cached (build.json).
 from __future__ import annotations
 
 import argparse
-import fcntl
 import hashlib
 import json
 import os
 import shutil
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -41,7 +39,18 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from brigade.demo.task import BOS, EOS, PAD, UNK, all_problems, demo_reward, load_prompts, prompt_text
+from brigade.demo.task import (
+    BOS,
+    EOS,
+    PAD,
+    UNK,
+    all_problems,
+    default_model_dir,
+    demo_reward,
+    load_prompts,
+    prompt_text,
+)
+from brigade.mirror import build_lock
 
 BUILD_VERSION = 2  # bump when the recipe below changes, so old caches are rebuilt
 MARKER = "build.json"
@@ -57,10 +66,6 @@ MODEL_CONFIG = dict(
     max_position_embeddings=32,
     tie_word_embeddings=True,
 )
-
-
-def default_model_dir() -> Path:
-    return Path(os.environ.get("BRIGADE_CACHE", "~/.cache/brigade")).expanduser() / "demo-model"
 
 
 def build_tokenizer() -> PreTrainedTokenizerFast:
@@ -161,15 +166,6 @@ def read_marker(out_dir: str | Path) -> dict | None:
         return None
 
 
-@contextmanager
-def _build_lock(out: Path):
-    """Several services may start at once on one machine: one builds, the others wait and reuse."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.with_name(out.name + ".lock"), "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        yield
-
-
 def build_demo_model(out_dir: str | Path | None = None, *, force: bool = False, steps: int = 1000,
                      lr: float = 1e-2, batch_size: int = 128, seed: int = 0) -> Path:
     """Build (or reuse) the demo model in out_dir (default: default_model_dir()) and return it.
@@ -177,7 +173,7 @@ def build_demo_model(out_dir: str | Path | None = None, *, force: bool = False, 
     out = Path(out_dir) if out_dir is not None else default_model_dir()
     params = dict(version=BUILD_VERSION, steps=steps, lr=lr, batch_size=batch_size, seed=seed,
                   plain_correct=PLAIN_CORRECT, config=MODEL_CONFIG)
-    with _build_lock(out):
+    with build_lock(out):
         marker = read_marker(out)
         if not force and marker is not None and marker.get("params") == params:
             return out

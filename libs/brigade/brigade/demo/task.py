@@ -9,6 +9,7 @@ Greedy decoding starts at ~0.9 already: evaluate with sampled accuracy (DEMO_SAM
 from __future__ import annotations
 
 import json
+import os
 import random
 from functools import cache
 from pathlib import Path
@@ -75,6 +76,11 @@ def make_splits(heldout: int = 20, seed: int = 0) -> dict[str, list[dict]]:
     random.Random(seed).shuffle(problems)
     rows = [{"id": f"add-{a}-{b}", "text": prompt_text(a, b), "answer": str(a + b)} for a, b in problems]
     return {"train": rows[heldout:], "heldout": rows[:heldout]}
+
+
+def default_model_dir() -> Path:
+    """Where the demo model is built (build.py); here so that torch-free code can find it."""
+    return Path(os.environ.get("BRIGADE_CACHE", "~/.cache/brigade")).expanduser() / "demo-model"
 
 
 @cache

@@ -2,15 +2,18 @@
 
 How it maps brigade onto vLLM:
 
-- one `LLM(model, enable_lora=True, max_loras=max_staleness + 2, max_lora_rank=spec.lora.rank, ...)`
-  per worker: enough adapter slots for every version still inside the staleness window plus the
-  one being swapped in, so a swap never evicts a version a queued request still needs;
+- one `LLM(model, enable_lora=True, max_loras=max_staleness + 2, max_lora_rank=..., ...)` per
+  worker: enough adapter slots for every version still inside the staleness window plus the one
+  being swapped in, so a swap never evicts a version a queued request still needs. vLLM accepts
+  only some ranks (`VLLM_LORA_RANKS`), so the spec's rank is rounded up to the next one (a rank-12
+  adapter fits a rank-16 slot); `dtype: auto` is bfloat16;
 - every adapter version gets a fresh `LoRARequest(f"{run}-v{version}", version + 1, path)`: vLLM
   caches adapters by integer id and keys its prefix cache by name, so a reused name or id would
   serve stale weights. Version 0 is the base model (a fresh LoRA has B = 0), so it needs none;
 - the adapter is written to a local folder in PEFT format (adapter_model.safetensors +
   adapter_config.json), which is what `LoRARequest`'s path expects, whichever payload (bf16 or
-  int8) it arrived in;
+  int8) it arrived in; folders of versions older than the staleness window are deleted as each
+  new version is written (no lease can name them any more), so a long run does not fill the disk;
 - `SamplingParams(n=G, seed=..., temperature, top_p, top_k, max_tokens, logprobs=0)` per prompt,
   with `logprobs_mode="processed_logprobs"` on the engine where vLLM has it, so the returned
   log-probs are of the distribution actually sampled (after temperature, top-k, top-p), as the
@@ -26,6 +29,7 @@ The request-building functions are pure and unit-tested without vLLM or a GPU.
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -44,12 +48,24 @@ INSTALL_HINT = "the vllm engine needs `pip install brigade[vllm]` and a CUDA GPU
 log = structlog.get_logger()
 
 
+# the max_lora_rank values vLLM accepts (vllm.config.lora.MaxLoRARanks)
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """The smallest rank vLLM accepts that holds a rank-`rank` adapter."""
+    for r in VLLM_LORA_RANKS:
+        if r >= rank:
+            return r
+    raise ValueError(f"lora.rank {rank} is above the largest rank vLLM serves ({VLLM_LORA_RANKS[-1]})")
+
+
 def llm_kwargs(spec: pb.RunSpec, model_path: str, gpu_memory_utilization: float = 0.85,
                processed_logprobs: bool = True) -> dict[str, Any]:
-    dtype = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}[spec.dtype or "bfloat16"]
+    dtype = {"auto": "bfloat16", "float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}[spec.dtype or "auto"]
     kw: dict[str, Any] = dict(
         model=model_path, dtype=dtype, seed=int(spec.seed) & 0x7FFFFFFF, enable_lora=True,
-        max_loras=spec.staleness.max_staleness + 2, max_lora_rank=spec.lora.rank,
+        max_loras=spec.staleness.max_staleness + 2, max_lora_rank=vllm_lora_rank(spec.lora.rank),
         gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=True,
         revision=spec.revision or None, tokenizer_revision=spec.revision or None,
         trust_remote_code=spec.trust_remote_code,
@@ -94,6 +110,24 @@ def write_peft_folder(folder: Path, state: dict[str, torch.Tensor], config_json:
     save_file({k: v.to(dtype).contiguous() for k, v in state.items()}, str(folder / "adapter_model.safetensors"))
     (folder / "adapter_config.json").write_bytes(config_json)
     return folder
+
+
+def version_folder(root: Path, version: int) -> Path:
+    return root / f"v{version:08d}"
+
+
+def prune_versions(root: Path, keep_from: int) -> list[int]:
+    """Delete the adapter folders of versions below `keep_from`; returns the versions deleted."""
+    gone = []
+    for folder in root.glob("v*"):
+        try:
+            version = int(folder.name[1:])
+        except ValueError:
+            continue
+        if version < keep_from:
+            shutil.rmtree(folder, ignore_errors=True)
+            gone.append(version)
+    return sorted(gone)
 
 
 def samples_from_outputs(outputs: list[Any], eos_token_id: int) -> list[Sample]:
@@ -146,8 +180,10 @@ class VLLMEngine:
             return
         args = None
         if version != 0:
-            folder = write_peft_folder(self._dir / f"v{version:08d}", state, self._config_json)
+            folder = write_peft_folder(version_folder(self._dir, version), state, self._config_json)
             args = lora_request_args(self.spec.run_id, version, folder)
+            # a lease names at most max_staleness versions back: older folders serve no request
+            prune_versions(self._dir, version - self.spec.staleness.max_staleness)
         self._request = LoRARequest(**args) if args else None
         self.version = version
 
