@@ -5,19 +5,35 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-# ---------------------------------------------------------------- Redis (prefix brigade:{run}:)
+# ---------------------------------------------------------------- Redis (prefix brigade:{<run>}:)
+#
+# Every key of a run carries the run id as a Redis Cluster hash tag (`brigade:{demo}:work`), so a
+# run's keys share one hash slot and every Lua script stays within one slot; different runs spread
+# over the cluster. The global keys below are single keys, never touched by a script with a run's.
 
-WORK_GROUP = "rollout"      # consumer group on `work`: a pending entry is a lease
-LEARNER_GROUP = "learner"   # consumer group on `rollouts`
-RUNS_SET = "brigade:runs"   # every run id this Redis serves
+WORK_GROUP = "rollout"          # consumer group on `work`: a pending entry is a lease
+LEARNER_GROUP = "learner"       # consumer group on `rollouts`
+RUN_INDEX = "brigade:run-index"  # sorted set, every score 0: the run ids of this Redis in byte order (pages)
+JANITOR_LOCK = "brigade:janitor:lock"  # string: the id of the janitor that sweeps
+# the layout before the hash tags: run keys were `brigade:<run>:<name>` and the runs a plain
+# set; `brigade migrate-keys` moves such data to the layout above, and services refuse to start on it
+LEGACY_RUNS_SET = "brigade:runs"
+
+
+def legacy_run_prefix(run: str) -> str:
+    return f"brigade:{run}:"
 
 
 @dataclass(frozen=True)
 class RunKeys:
     run: str
 
+    @property
+    def prefix(self) -> str:        # `brigade:{run}:`, the hash tag making the run one slot
+        return "brigade:{" + self.run + "}:"
+
     def _k(self, name: str) -> str:
-        return f"brigade:{self.run}:{name}"
+        return self.prefix + name
 
     @property
     def work(self) -> str:          # stream of PromptBatch entries, group `rollout`

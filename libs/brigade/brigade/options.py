@@ -11,7 +11,13 @@ from brigade.config import Settings
 
 _D = Settings()
 
-RedisUrl = Annotated[str, typer.Option("--redis-url", envvar="BRIGADE_REDIS_URL", help="Redis URL (the message queue).")]
+RedisUrl = Annotated[str, typer.Option(
+    "--redis-url", envvar="BRIGADE_REDIS_URL",
+    help="Redis URL (the message queue); redis+cluster://host:port for Redis Cluster.")]
+RqRedisUrl = Annotated[str, typer.Option(
+    "--rq-redis-url", envvar="BRIGADE_RQ_REDIS_URL",
+    help="Single-node Redis for rq's job queues (evaluations, sandboxed rewards); empty = --redis-url, "
+         "which must then not be a cluster (rq cannot use one).")]
 BucketUrl = Annotated[str, typer.Option("--bucket", envvar="BRIGADE_BUCKET", help="s3://bucket/prefix or file:///path.")]
 ProxyAddr = Annotated[str, typer.Option("--proxy", envvar="BRIGADE_PROXY", help="Proxy address host:port (https:// for TLS).")]
 Listen = Annotated[str, typer.Option("--listen", envvar="BRIGADE_LISTEN", help="Address the server listens on.")]

@@ -579,10 +579,10 @@ class RqSandbox:
     def __init__(self, redis_url: str, queue: str, start_worker: bool = True, poll_s: float = 0.05):
         from rq import Queue
 
-        from brigade.redis_clients import sync_client
+        from brigade.redis_clients import rq_client
 
         self.redis_url, self.queue_name, self.poll_s = redis_url, queue, poll_s
-        self.redis = sync_client(redis_url)
+        self.redis = rq_client(redis_url)  # ValueError for a cluster: rq needs a single node
         self.queue = Queue(queue, connection=self.redis)
         self.worker: subprocess.Popen | None = None
         if start_worker:
