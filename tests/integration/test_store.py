@@ -45,8 +45,9 @@ def manifest(run: str, g, worker: str = "w", **over) -> pb.RolloutManifest:
 
 
 async def force_idle(q: Store, run: str, lease_id: str, worker: str) -> None:
-    """Make a lease look silent for a long time (as if its worker died)."""
+    """Make a lease look silent for a long time (as if its worker died): its deadline long past."""
     await q.redis.xclaim(keys.RunKeys(run).work, keys.WORK_GROUP, worker, 0, [lease_id], idle=10**9, justid=True)
+    await q.redis.zadd(keys.RunKeys(run).lease_deadlines, {lease_id: 0})
 
 
 # ---------------------------------------------------------------- runs

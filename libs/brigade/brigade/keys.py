@@ -103,6 +103,14 @@ class RunKeys:
     def learner_step(self) -> str:  # string: last checkpointed learner step
         return self._k("learner:step")
 
+    @property
+    def lease_deadlines(self) -> str:  # sorted set lease id -> deadline_ms: what the janitor expires
+        return self._k("lease_deadlines")
+
+    @property
+    def lease_versions(self) -> str:   # sorted set lease id -> adapter version: what the janitor revokes
+        return self._k("lease_versions")
+
     def lease(self, lease_id: str) -> str:  # hash: worker, batch, version, deadline, attempt
         return self._k(f"leases:{lease_id}")
 

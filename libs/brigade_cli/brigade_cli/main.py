@@ -40,6 +40,7 @@ SERVICE_COMMANDS = {
 LOCAL_COMMANDS = {
     "up": "brigade_cli.up:up",
     "cost": "brigade_cli.cost:cost",
+    "migrate-keys": "brigade_cli.migrate:migrate_keys",
 }
 SUB_APPS = {
     "ctl": "brigade_cli.ctl:app",

@@ -3,6 +3,7 @@ idle consumers, and the compare-and-renew lock that keeps one janitor sweeping."
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
@@ -14,6 +15,7 @@ from brigade.store.scripts import Script, Scripts, text
 SWEEP_COUNT = 200             # entries one sweep script call looks at
 CONSUMER_IDLE_MS = 3_600_000  # group consumers idle this long and holding nothing are forgotten (workers' stats too)
 PRUNE_SLICE = 100             # consumers one prune script call deletes
+STALE_RECHECK_S = 30.0        # sweep(): waiting manifests are re-read when a version is published, or this often
 
 
 @dataclass
@@ -25,11 +27,13 @@ class SweepResult:
 
 
 async def _pages(script: Script, ri: RunInfo, **values: object) -> tuple[int, int]:
-    """Call a sweep script page by page until its cursor says done (''): (sum of the first
-    count, sum of the second, e.g. expired and dead-lettered)."""
+    """Call a sweep script, SWEEP_COUNT entries a call, until it says done (''): (sum of the first
+    count, sum of the second, e.g. expired and dead-lettered). A script that pages by cursor gets
+    back the one it answered; the index sweeps (expire, revoke) take what is left each time."""
     total, dead, cursor = 0, 0, ""
+    paged = "cursor" in script.declaration.args
     while True:
-        cursor, n, *more = await script(ri.keys, cursor=cursor, count=SWEEP_COUNT, **values)
+        cursor, n, *more = await script(ri.keys, count=SWEEP_COUNT, **values, **({"cursor": cursor} if paged else {}))
         total += int(n)
         dead += int(more[0]) if more else 0
         if not text(cursor):
@@ -41,12 +45,14 @@ class Sweeps:
         self.redis = redis
         self.runs = runs
         self.scripts = scripts
+        self._stale_read: dict[str, tuple[bytes | None, float]] = {}  # run -> (latest version, when) of the last pass
 
     async def expire_leases(self, run: str, min_idle_ms: int | None = None) -> SweepResult:
-        """Requeue (or dead-letter) every lease not heartbeated for lease_seconds."""
+        """Requeue (or dead-letter) every lease not heartbeated for lease_seconds (`min_idle_ms`
+        instead: 0 takes back every lease)."""
         ri = await self.runs.get(run)
-        idle = ri.lease_ms if min_idle_ms is None else min_idle_ms
-        expired, dead = await _pages(self.scripts.expire, ri, min_idle_ms=idle, max_attempts=ri.max_attempts,
+        grace = 0 if min_idle_ms is None else ri.lease_ms - min_idle_ms
+        expired, dead = await _pages(self.scripts.expire, ri, grace_ms=grace, max_attempts=ri.max_attempts,
                                      lease_prefix=ri.lease_prefix, keep_ms=ri.keep_ms)
         return SweepResult(expired=expired, deadlettered=dead)
 
@@ -79,9 +85,19 @@ class Sweeps:
         return removed
 
     async def sweep(self, run: str) -> SweepResult:
+        """One janitor pass over a run. Expiry and revocation read only what is due (their indexes);
+        the waiting manifests are read only when they can have turned stale (a new version) and every
+        STALE_RECHECK_S, since a manifest's version never changes: so a pass over a run with nothing
+        to do costs a few commands, whatever the number of leases and manifests in flight."""
         a = await self.expire_leases(run)
         b = await self.revoke_stale(run)
-        c = await self.remove_stale_manifests(run)
+        c = SweepResult()
+        latest = await self.redis.get((await self.runs.get(run)).keys.adapter_latest)
+        seen, when = self._stale_read.get(run, (None, 0.0))
+        now = time.monotonic()
+        if latest != seen or now - when > STALE_RECHECK_S:
+            c = await self.remove_stale_manifests(run)
+            self._stale_read[run] = (latest, now)
         return SweepResult(a.expired, b.revoked, c.stale_removed, a.deadlettered + b.deadlettered)
 
     # -------------------------------------------------------------- the janitor lock

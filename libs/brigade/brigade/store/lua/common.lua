@@ -30,6 +30,11 @@ local function requeue(work, deadletter, stats, events, id, batch, attempt, fail
   redis.call('XADD', work, '*', 'batch', batch, 'attempt', fmt(attempt + 1), 'failures', fmt(failures))
   return attempt + 1
 end
+-- a lease that ended (completed, failed, expired, revoked) leaves the janitor's two indexes
+local function unindex(deadlines, versions, id)
+  redis.call('ZREM', deadlines, id)
+  redis.call('ZREM', versions, id)
+end
 local function pending_for(work, id, worker)
   local p = redis.call('XPENDING', work, WORK_GROUP, id, id, 1, worker)
   return #p > 0
