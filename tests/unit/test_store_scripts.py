@@ -10,7 +10,7 @@ import redis.asyncio as aioredis
 from brigade import keys
 from brigade.store.scripts import CONSTANTS, Declaration, Script, read_source, script_names
 
-EXPECTED = {"ack", "acquire", "complete", "create_run", "expire", "fail", "heartbeat", "lock_release", "lock_renew",
+EXPECTED = {"ack", "acquire", "compact", "complete", "create_run", "expire", "fail", "heartbeat", "lock_release", "lock_renew",
             "prune_consumers", "publish", "register_run", "remove_stale", "revoke"}
 GLOBAL_KEY_SCRIPTS = {"lock_release", "lock_renew", "register_run"}  # one global key each, no run's keys
 

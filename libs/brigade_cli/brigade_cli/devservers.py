@@ -8,6 +8,7 @@ on 6379 and nothing competes with the caller for the GIL.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -21,6 +22,20 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def free_cluster_port() -> int:
+    """A free port whose cluster bus port (+10000, where the nodes of a Redis Cluster talk) is free too."""
+    for _ in range(200):
+        port = random.randint(20_000, 55_000)
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 10_000))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no free port pair for a Redis Cluster node")
 
 
 def wait_for_port(port: int, timeout: float = 15.0, proc: subprocess.Popen | None = None) -> None:
@@ -70,7 +85,7 @@ def start_redis(workdir: str | Path, port: int | None = None, appendonly: bool =
     exe = shutil.which("redis-server")
     if exe is None:
         raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
-    port = port or free_port()
+    port = port or (free_cluster_port() if cluster else free_port())
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     argv = [

@@ -26,7 +26,7 @@ from brigade.store.errors import LegacyKeys
 from brigade_janitor import metrics
 
 LOCK_KEY = keys.JANITOR_LOCK
-PRUNE_EVERY_S = 60.0  # idle group consumers are forgotten at most this often per run
+PRUNE_EVERY_S = 60.0  # idle group consumers are forgotten, finished epochs compacted, at most this often per run
 
 log = structlog.get_logger("brigade.janitor")
 
@@ -95,6 +95,9 @@ class Janitor:
             pruned = await self.sweeps.prune_consumers(run)
             if pruned:
                 log.info("forgot idle consumers", run=run, consumers=pruned)
+            compacted = await self.sweeps.compact_epochs(run)
+            if compacted:
+                log.info("compacted finished epochs", run=run, batch_ids=compacted)
         if result.expired or result.revoked or result.stale_removed or result.deadlettered:
             log.info("swept", run=run, expired=result.expired, revoked=result.revoked,
                      stale_removed=result.stale_removed, deadlettered=result.deadlettered)

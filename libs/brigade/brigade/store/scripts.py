@@ -37,13 +37,15 @@ from brigade import keys
 from brigade.resp import ClusterPipelinedRedis, PipelinedRedis, ReplyError
 from brigade.store.errors import BY_KIND
 
-EVENTS_MAXLEN = 10_000  # the events stream is capped (approximately) at this many entries
+EVENTS_MAXLEN = 10_000    # the events stream is capped (approximately) at this many entries
+DEADLETTER_KEPT = 10_000  # so is the dead-letter stream (stats.deadlettered counts every one)
 
 # Python values the scripts see as Lua constants (substituted at load time, so one definition)
 CONSTANTS = {
     "WORK_GROUP": keys.WORK_GROUP,
     "LEARNER_GROUP": keys.LEARNER_GROUP,
     "EVENTS_MAXLEN": EVENTS_MAXLEN,
+    "DEADLETTER_KEPT": DEADLETTER_KEPT,
     "BATCH_ID_FORMAT": keys.BATCH_ID_FORMAT,
 }
 

@@ -10,11 +10,14 @@ import redis.asyncio as aioredis
 
 from brigade import keys
 from brigade.store.runs import RunInfo, Runs
-from brigade.store.scripts import Script, Scripts, text
+from brigade.store.scripts import Script, Scripts, number, text
 
 SWEEP_COUNT = 200             # entries one sweep script call looks at
 CONSUMER_IDLE_MS = 3_600_000  # group consumers idle this long and holding nothing are forgotten (workers' stats too)
 PRUNE_SLICE = 100             # consumers one prune script call deletes
+COMPACT_SLICE = 1_000         # batch ids one compact script call removes
+COMPACT_KEEP = 10_000         # finished epochs are compacted only while `completed` holds more ids than this
+SCAN_PAGE = 1_000             # stream entries one read returns when looking for an epoch's batches in flight
 STALE_RECHECK_S = 30.0        # sweep(): waiting manifests are re-read when a version is published, or this often
 
 
@@ -83,6 +86,47 @@ class Sweeps:
                                                           forget_workers=forget, names=idle[i:i + PRUNE_SLICE])
                 removed += int(n)
         return removed
+
+    async def compact_epochs(self, run: str, keep: int = COMPACT_KEEP) -> int:
+        """Forget the ids of finished epochs (compact.lua): first what is left of one begun, then each
+        epoch cut whole with no batch in flight (a work or rollouts entry), oldest first, while the
+        `completed` set holds more than `keep` ids (a short run keeps every id, for audits and
+        `redis-cli`; a long one holds its current epoch and about `keep` more). The cursor is read before
+        the streams, so no batch of that epoch can appear after the look; ids removed in all."""
+        ri = await self.runs.get(run)
+        k, bpe = ri.keys, ri.batches_per_epoch
+        removed, epoch = 0, -1
+        while True:
+            more, n = await self.scripts.compact(k, run=run, batches_per_epoch=bpe, epoch=epoch, slice=COMPACT_SLICE)
+            removed += int(n)
+            if text(more):
+                epoch = -1
+                continue
+            async with self.redis.pipeline(transaction=False) as p:
+                p.get(k.cursor)
+                p.hget(k.stats, "epochs_done")
+                p.scard(k.completed)
+                cut, done, held = await p.execute()
+            done = number(done)
+            if (epoch == done or held <= keep or number(cut) < (done + 1) * bpe
+                    or await self._in_flight(k, done)):
+                return removed
+            epoch = done
+
+    async def _in_flight(self, k: keys.RunKeys, epoch: int) -> bool:
+        """Whether a batch of `epoch` is queued, leased, or completed and not yet consumed or rejected."""
+        for stream in (k.work, k.rollouts):  # in this order: a batch moves from work to rollouts, never back
+            start = "-"
+            while True:
+                rows = await self.redis.xrange(stream, start, "+", count=SCAN_PAGE)
+                for _id, fields in rows:
+                    batch = text(fields.get(b"batch"))
+                    if batch and keys.parse_batch_id(batch)[1] == epoch:
+                        return True
+                if len(rows) < SCAN_PAGE:
+                    break
+                start = "(" + text(rows[-1][0])
+        return False
 
     async def sweep(self, run: str) -> SweepResult:
         """One janitor pass over a run. Expiry and revocation read only what is due (their indexes);

@@ -5,7 +5,7 @@
 local id, worker, mbatch = A.lease_id, A.worker, A.batch
 local h = redis.call('HMGET', K.lease, 'worker', 'batch', 'attempt', 'version', 'expired', 'revoked')
 if not h[1] then
-  if redis.call('SISMEMBER', K.completed, mbatch) == 1 then
+  if redis.call('SISMEMBER', K.completed, mbatch) == 1 or compacted(K.stats, mbatch) then
     redis.call('HINCRBY', K.stats, 'duplicates', 1)
     return {'ok', 'duplicate'}
   end
@@ -25,7 +25,7 @@ if h[4] ~= A.policy_version then
                 ' does not match the leased adapter version ' .. h[4])
 end
 local pending = pending_for(K.work, id, worker)
-if redis.call('SISMEMBER', K.completed, mbatch) == 1 then
+if redis.call('SISMEMBER', K.completed, mbatch) == 1 or compacted(K.stats, mbatch) then
   if pending and not h[5] and not h[6] then
     redis.call('XACK', K.work, WORK_GROUP, id)
     redis.call('XDEL', K.work, id)
