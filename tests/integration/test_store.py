@@ -346,6 +346,20 @@ async def test_publish_versions_never_go_back(q):
     assert [a.version for a in await q.views.list_adapters(run)] == [1, 2, 3]
 
 
+async def test_only_the_newest_adapter_versions_stay_in_redis(q):
+    from brigade.store.scripts import ADAPTERS_KEPT
+
+    run = await new_run(q)
+    k = keys.RunKeys(run)
+    old = adapter_manifest(run, 6).SerializeToString(deterministic=True)
+    await q.redis.hset(k.adapters, mapping={"5": old, "6": old})   # as if published long ago
+    await q.redis.hset(k.evals, mapping={"5": "{}", "6": "{}"})
+    await q.redis.set(k.adapter_latest, ADAPTERS_KEPT + 5)
+    assert await q.learner.publish(run, adapter_manifest(run, ADAPTERS_KEPT + 6)) == ADAPTERS_KEPT + 6
+    assert sorted(int(v) for v in await q.redis.hkeys(k.adapters)) == [5, ADAPTERS_KEPT + 6]
+    assert [int(v) for v in await q.redis.hkeys(k.evals)] == [5]
+
+
 # ---------------------------------------------------------------- janitor sweeps
 
 async def test_expiry_requeues_with_next_attempt_then_deadletters(q):

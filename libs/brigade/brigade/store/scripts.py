@@ -39,6 +39,7 @@ from brigade.store.errors import BY_KIND
 
 EVENTS_MAXLEN = 10_000    # the events stream is capped (approximately) at this many entries
 DEADLETTER_KEPT = 10_000  # so is the dead-letter stream (stats.deadlettered counts every one)
+ADAPTERS_KEPT = 10_000    # adapter manifests (and evaluator results) of the newest versions kept in Redis
 
 # Python values the scripts see as Lua constants (substituted at load time, so one definition)
 CONSTANTS = {
@@ -46,6 +47,7 @@ CONSTANTS = {
     "LEARNER_GROUP": keys.LEARNER_GROUP,
     "EVENTS_MAXLEN": EVENTS_MAXLEN,
     "DEADLETTER_KEPT": DEADLETTER_KEPT,
+    "ADAPTERS_KEPT": ADAPTERS_KEPT,
     "BATCH_ID_FORMAT": keys.BATCH_ID_FORMAT,
 }
 
