@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-ORDER = ["bucket", "proxy", "learner", "rollout", "fleet", "sync-latency", "preemption"]
+ORDER = ["bucket", "proxy", "learner", "rollout", "fleet", "sync-latency", "preemption", "scale"]
 
 
 # ---------------------------------------------------------------- targets
@@ -88,6 +88,26 @@ TARGETS: list[Target] = [
     Target("preemption", "longest learner stall with kills", _f("kill_max_step_gap_s", "{:.1f} s"),
            lambda r: f"< one lease timeout ({r['lease_seconds']} s)",
            lambda r: r["kill_max_step_gap_s"] < r["lease_seconds"]),
+    Target("scale", "AcquireLease p99 at 1,000 workers / at 10 (same offered load)",
+           lambda r: f"{r['acquire_p99_ms_at_1000_workers']:.1f} / {r['acquire_p99_ms_at_10_workers']:.1f} ms "
+                     f"(k = {r['acquire_p99_vs_workers_exponent']:.2f})",
+           _const("k <= 1 (no faster than linear)"), lambda r: r["acquire_p99_vs_workers_exponent"] <= 1.0),
+    Target("scale", "CompleteLease p99 growth with workers", _f("complete_p99_vs_workers_exponent", "k = {:.2f}"),
+           _const("k <= 1"), lambda r: r["complete_p99_vs_workers_exponent"] <= 1.0),
+    Target("scale", "one janitor pass at 100,000 leases in flight, Redis time",
+           _f("janitor_sweep_redis_ms_at_100000_leases", "{:.3f} ms"), _const("< 50 ms"),
+           lambda r: r["janitor_sweep_redis_ms_at_100000_leases"] < 50),
+    Target("scale", "janitor pass growth with leases in flight", _f("janitor_sweep_vs_leases_exponent", "k = {:.2f}"),
+           _const("k <= 1"), lambda r: r["janitor_sweep_vs_leases_exponent"] <= 1.0),
+    Target("scale", "CreateRun, first touch growth with prompts",
+           lambda r: f"k = {r['create_run_vs_prompts_exponent']:.2f}, {r['first_touch_vs_prompts_exponent']:.2f}",
+           _const("k <= 1.1 each"),
+           lambda r: max(r["create_run_vs_prompts_exponent"], r["first_touch_vs_prompts_exponent"]) <= 1.1),
+    Target("scale", "Redis bytes per further finished batch (the last two checkpoints)",
+           _f("redis_bytes_per_finished_batch", "{:.1f} B"), _const("<= 64 B (bounded)"),
+           lambda r: r["redis_bytes_per_finished_batch"] <= 64),
+    Target("scale", "lease cycles/s, 4 proxy replicas / 1", _f("proxy_scaling_4_over_1", "{:.2f}x"),
+           _const(">= 1.0x on 2 cores (see the note)"), lambda r: r["proxy_scaling_4_over_1"] >= 1.0),
 ]
 
 
@@ -266,7 +286,27 @@ def preemption_notes(r: dict) -> str:
         f"(without kills {r['base_max_step_gap_s']:.1f} s).")
 
 
-NOTES = {"fleet": fleet_notes, "sync-latency": sync_notes, "preemption": preemption_notes}
+def scale_notes(r: dict) -> str:
+    if "cycles_per_s_at_1_replicas" not in r:
+        return ""
+    n = max(int(k.split("_")[4]) for k in r if k.startswith("cycles_per_s_at_") and k.endswith("_replicas"))
+    return (
+        f"Replicas: {r['cycles_per_s_at_1_replicas']:.0f} lease cycles/s through one proxy, "
+        f"{r[f'cycles_per_s_at_{n}_replicas']:.0f} through {n} ({r['proxy_scaling_4_over_1']:.2f}x). At {n} replicas "
+        f"Redis used {r[f'redis_cores_at_{n}_replicas']:.2f} cores, the proxies {r[f'proxy_cores_at_{n}_replicas']:.2f}, "
+        f"the load clients {r[f'client_cores_at_{n}_replicas']:.2f}, out of the machine's 2 (shared with other jobs): "
+        "the proxy is stateless and Redis is far from busy, so on a machine with a core per replica the "
+        "throughput grows with the replicas until Redis's one core is the limit; here every replica and the "
+        "clients share the same 2 cores, so more replicas only split them. "
+        f"Workers: the simulated fleet offers {r.get('offered_rate', 100):.0f} cycles/s whatever its size, each "
+        "worker heartbeating every lease_seconds / 3 while it holds a lease, so the curves show what the number of "
+        "workers costs; their tail on this machine is CPU contention (see the load averages). "
+        f"Batches: the run's Redis bytes stop growing once its completed-batch ids reach the 10,000 kept and the "
+        f"events, metrics and adapter streams their caps; further batches cost "
+        f"{r['redis_bytes_per_finished_batch']:.1f} bytes each (the slope between the last two checkpoints).")
+
+
+NOTES = {"fleet": fleet_notes, "sync-latency": sync_notes, "preemption": preemption_notes, "scale": scale_notes}
 
 
 # ---------------------------------------------------------------- the report

@@ -76,7 +76,7 @@ for _name, _target in LOCAL_COMMANDS.items():
 for _name, _target in SUB_APPS.items():
     app.add_typer(_load(_target), name=_name)
 
-BENCHMARKS = ["bucket", "proxy", "learner", "rollout", "fleet", "sync-latency", "preemption"]
+BENCHMARKS = ["bucket", "proxy", "learner", "rollout", "fleet", "sync-latency", "preemption", "scale"]
 
 
 def run_benchmark(name: str, quick: bool) -> dict:
