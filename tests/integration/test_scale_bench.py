@@ -11,9 +11,6 @@ import pytest
 from brigade_bench.scale import _batches_part, _janitor_part, fit_exponent
 from brigade_cli.devservers import start_redis
 
-pytestmark = pytest.mark.asyncio(loop_scope="session")
-
-
 def test_fit_exponent():
     xs = [10, 100, 1000]
     assert fit_exponent(xs, [3 * x for x in xs]) == pytest.approx(1.0)
@@ -22,6 +19,7 @@ def test_fit_exponent():
     assert math.isnan(fit_exponent([10], [1.0]))
 
 
+@pytest.mark.asyncio(loop_scope="session")
 async def test_janitor_and_batch_parts_at_tiny_sizes(tmp_path):
     redis = start_redis(tmp_path / "redis")
     try:
