@@ -11,6 +11,7 @@ import pytest
 from brigade_bench.scale import _batches_part, _janitor_part, fit_exponent
 from brigade_cli.devservers import start_redis
 
+
 def test_fit_exponent():
     xs = [10, 100, 1000]
     assert fit_exponent(xs, [3 * x for x in xs]) == pytest.approx(1.0)
