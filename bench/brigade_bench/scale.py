@@ -251,6 +251,7 @@ async def _janitor_part(redis_url: str, sizes: tuple) -> dict:
                                 _prompts(max(sizes)))
         await store.redis.set(k.adapter_latest, 3)  # leases at version 3: revocation looks, finds none stale
         gate, have = asyncio.Semaphore(256), 0
+        memory = (await store.redis.info("memory"))["used_memory"]
 
         async def grant(i: int) -> None:
             async with gate:
@@ -263,6 +264,8 @@ async def _janitor_part(redis_url: str, sizes: tuple) -> dict:
             redis_ms, wall_ms = await _sweep_cost(store, run, 20)
             out |= {f"janitor_sweep_redis_ms_at_{n}_leases": round(redis_ms, 4),
                     f"janitor_sweep_wall_ms_at_{n}_leases": round(wall_ms, 3)}
+        held = (await store.redis.info("memory"))["used_memory"] - memory
+        out["redis_bytes_per_lease_in_flight"] = round(held / have, 1)  # hash, stream and PEL entry, 2 index entries
         due = await store.redis.zrange(k.lease_deadlines, 0, max(1, have // 100) - 1)
         await store.redis.zadd(k.lease_deadlines, dict.fromkeys(due, 0))
         before = await _redis_cpu_ms(store.redis)
