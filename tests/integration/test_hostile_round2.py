@@ -142,6 +142,13 @@ def test_a_run_id_with_a_newline_is_refused_and_one_already_in_redis_is_skipped(
     try:
         listed = [s.spec.run_id for s in client.runs.ListRuns(pb.ListRunsRequest(page_size=1000), timeout=10).runs]
         assert run in listed and "b\n" not in listed
+        paged, token = [], ""  # one run a page: the page holding only "b\n" is empty, yet the next one follows
+        while True:
+            page = client.runs.ListRuns(pb.ListRunsRequest(page_size=1, page_token=token), timeout=10)
+            paged += [s.spec.run_id for s in page.runs]
+            if not (token := page.next_page_token):
+                break
+        assert paged == listed
     finally:
         r.zrem(keys.RUN_INDEX, "b\n")
 

@@ -377,15 +377,14 @@ class RunServicer(pbg.RunServiceServicer):
     @rpc
     async def ListRuns(self, request: pb.ListRunsRequest, context) -> pb.ListRunsResponse:
         """One page of runs (each a few Redis reads): a thousand runs are ten calls, not one huge one."""
-        size = request.page_size or 100
-        ids = await self.store.runs.page(request.page_token, size)
+        ids, after = await self.store.runs.page(request.page_token, request.page_size or 100)
         states = []
         for run in ids:
             try:
                 states.append(await self.store.views.run_state(run))
             except NotFound:  # listed but half-created or removed: skip it
                 continue
-        return pb.ListRunsResponse(runs=states, next_page_token=ids[-1] if len(ids) == size else "")
+        return pb.ListRunsResponse(runs=states, next_page_token=after)
 
     @rpc_stream
     async def WatchRun(self, request: pb.WatchRunRequest, context) -> AsyncIterator[pb.Event]:

@@ -92,18 +92,18 @@ class Runs:
 
     async def ids(self) -> list[str]:
         """Every run of this Redis, in byte order (at most MAX_RUNS)."""
-        return await self.page("", MAX_RUNS)
+        return (await self.page("", MAX_RUNS))[0]
 
-    async def page(self, after: str = "", limit: int = 100) -> list[str]:
-        """Up to `limit` run ids after `after` ('' = from the first), in byte order. One whose id is
-        not a valid run id (stored before ids were checked whole) is logged and skipped: it must not
-        make ListRuns fail for everyone."""
+    async def page(self, after: str = "", limit: int = 100) -> tuple[list[str], str]:
+        """Up to `limit` run ids after `after` ('' = from the first), in byte order, and where the
+        next page starts ('' = this was the last). One whose id is not a valid run id (stored before
+        ids were checked whole) is logged and skipped: it must not make ListRuns fail for everyone."""
         start = "(" + after if after else "-"
         found = [text(r) for r in await self.redis.zrangebylex(keys.RUN_INDEX, start, "+", 0, limit)]
         bad = [r for r in found if not RUN_ID_RE.fullmatch(r)]
         if bad:
             log.warning("invalid_run_ids_skipped", run_ids=[short(r) for r in bad[:10]], count=len(bad))
-        return [r for r in found if RUN_ID_RE.fullmatch(r)]
+        return [r for r in found if RUN_ID_RE.fullmatch(r)], found[-1] if len(found) == limit else ""
 
     async def check_layout(self) -> None:
         """LegacyKeys when this Redis holds runs in the key layout before hash tags, which this
@@ -126,7 +126,7 @@ class Runs:
             p.llen(k.prompts)
             spec_bytes, num_prompts = await p.execute()
         if not spec_bytes:
-            known = await self.page("", 21)
+            known, _ = await self.page("", 21)
             shown = ", ".join(known[:20]) + (", ..." if len(known) > 20 else "") if known else "none"
             raise NotFound(f"no run {short(run)} (known: {shown})")
         info = self._cache.setdefault(run, RunInfo(pb.RunSpec.FromString(spec_bytes), spec_bytes,
