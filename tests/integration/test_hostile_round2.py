@@ -149,6 +149,7 @@ def test_a_run_id_with_a_newline_is_refused_and_one_already_in_redis_is_skipped(
             if not (token := page.next_page_token):
                 break
         assert paged == listed
+        assert code(client.runs.ListRuns, pb.ListRunsRequest(page_token="not hex")) == BAD
     finally:
         r.zrem(keys.RUN_INDEX, "b\n")
 

@@ -21,7 +21,7 @@ import structlog
 from brigade import keys
 from brigade.spec import RUN_ID_RE
 from brigade.store.checks import MAX_RUNS, check_id, check_run_spec, short
-from brigade.store.errors import AlreadyExists, LegacyKeys, NotFound
+from brigade.store.errors import AlreadyExists, InvalidArgument, LegacyKeys, NotFound
 from brigade.store.scripts import Scripts, text
 from brigade.v1 import brigade_pb2 as pb
 
@@ -94,16 +94,20 @@ class Runs:
         """Every run of this Redis, in byte order (at most MAX_RUNS)."""
         return (await self.page("", MAX_RUNS))[0]
 
-    async def page(self, after: str = "", limit: int = 100) -> tuple[list[str], str]:
-        """Up to `limit` run ids after `after` ('' = from the first), in byte order, and where the
-        next page starts ('' = this was the last). One whose id is not a valid run id (stored before
-        ids were checked whole) is logged and skipped: it must not make ListRuns fail for everyone."""
-        start = "(" + after if after else "-"
+    async def page(self, token: str = "", limit: int = 100) -> tuple[list[str], str]:
+        """Up to `limit` run ids in byte order, from the first ('' token) or after the page `token`
+        ends, and the token of the next page ('' = this was the last): the hex of the last id read,
+        valid or not. One whose id is not a valid run id (stored before ids were checked whole) is
+        logged and skipped: it must not make ListRuns fail for everyone."""
+        try:
+            start = "(" + bytes.fromhex(token).decode() if token else "-"
+        except ValueError:
+            raise InvalidArgument("page_token is not one ListRuns answered; start with an empty one") from None
         found = [text(r) for r in await self.redis.zrangebylex(keys.RUN_INDEX, start, "+", 0, limit)]
         bad = [r for r in found if not RUN_ID_RE.fullmatch(r)]
         if bad:
             log.warning("invalid_run_ids_skipped", run_ids=[short(r) for r in bad[:10]], count=len(bad))
-        return [r for r in found if RUN_ID_RE.fullmatch(r)], found[-1] if len(found) == limit else ""
+        return [r for r in found if RUN_ID_RE.fullmatch(r)], found[-1].encode().hex() if len(found) == limit else ""
 
     async def check_layout(self) -> None:
         """LegacyKeys when this Redis holds runs in the key layout before hash tags, which this
