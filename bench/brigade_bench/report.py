@@ -106,8 +106,6 @@ TARGETS: list[Target] = [
     Target("scale", "Redis bytes per further finished batch (the last two checkpoints)",
            _f("redis_bytes_per_finished_batch", "{:.1f} B"), _const("<= 64 B (bounded)"),
            lambda r: r["redis_bytes_per_finished_batch"] <= 64),
-    Target("scale", "lease cycles/s, 4 proxy replicas / 1", _f("proxy_scaling_4_over_1", "{:.2f}x"),
-           _const(">= 1.0x on 2 cores (see the note)"), lambda r: r["proxy_scaling_4_over_1"] >= 1.0),
 ]
 
 
