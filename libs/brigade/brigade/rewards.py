@@ -32,9 +32,10 @@ refuses the batch and counts it (`rejected/empty` in its step metrics); the run 
 - in-process functions (sandboxed=false) run in a daemon thread (async ones on a loop of their
   own), bounded by `timeout_s`;
 - sandboxed functions (sandboxed=true: slow or unsafe code) run as rq jobs (job_timeout=timeout_s)
-  in an rq worker process, on the Redis queue `brigade:{run}:rewards`. A rollout worker given a
-  Redis URL starts its own rq worker subprocess on that queue (killed with it); more can be added on
-  any host with `rq worker --url $BRIGADE_REDIS_URL brigade:{run}:rewards` (they need brigade and
+  in an rq worker process, on the Redis queue `brigade:<run>:rewards` (on BRIGADE_RQ_REDIS_URL). A
+  rollout worker given a Redis URL starts its own rq worker subprocess on that queue (killed with
+  it); more can be added on
+  any host with `rq worker --url $BRIGADE_RQ_REDIS_URL brigade:<run>:rewards` (they need brigade and
   the reward's package importable). A job that fails, times out, or is not picked up within
   timeout_s + QUEUE_GRACE_S is rejected, logged.
 """

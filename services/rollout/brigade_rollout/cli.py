@@ -28,12 +28,12 @@ Device = Annotated[str, typer.Option("--device", envvar="BRIGADE_DEVICE",
                                      help="cpu, cuda or cuda:N; overrides the run spec's device.")]
 RewardRedis = Annotated[str, typer.Option(
     "--rq-redis-url", "--redis-url", envvar=["BRIGADE_RQ_REDIS_URL", "BRIGADE_REDIS_URL"],
-    help="Single-node Redis for the rq queue of sandboxed reward functions (brigade:{run}:rewards); only needed "
+    help="Single-node Redis for the rq queue of sandboxed reward functions (brigade:<run>:rewards); only needed "
          "when the run has sandboxed rewards. BRIGADE_RQ_REDIS_URL, else BRIGADE_REDIS_URL (not a cluster).")]
 RewardWorkers = Annotated[bool, typer.Option(
     "--reward-worker/--no-reward-worker",
     help="Start a local rq worker subprocess for sandboxed rewards; with --no-reward-worker run "
-         "`rq worker --url $BRIGADE_RQ_REDIS_URL brigade:{run}:rewards` yourself.")]
+         "`rq worker --url $BRIGADE_RQ_REDIS_URL brigade:<run>:rewards` yourself.")]
 
 
 def rollout(

@@ -19,7 +19,7 @@ State of a run (keys from `brigade.keys.RunKeys`):
 - `rollouts`: stream with group `keys.LEARNER_GROUP`; one entry per completed batch (`batch`,
   `version`, `worker`, `m` = RolloutManifest bytes). Acked entries are XDELed, so `XLEN rollouts` =
   completed but not yet acked by the learner.
-- `leases:{id}`: hash worker, batch, attempt, version, deadline_ms (+ `expired` / `revoked`
+- `leases:<id>`: hash worker, batch, attempt, version, deadline_ms (+ `expired` / `revoked`
   flags once the janitor took it back; kept a while so the worker learns why).
 - terminal states of a batch: `consumed` (set), `rejected` (hash batch -> reason), `deadletter`
   (stream). `completed` (set) holds every batch that was ever completed: it makes completion
