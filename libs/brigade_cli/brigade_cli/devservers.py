@@ -120,8 +120,10 @@ def start_redis_cluster(workdir: str | Path, masters: int = 3, appendonly: bool 
     if cli is None:
         raise RuntimeError("redis-cli is not installed (apt-get install redis-tools)")
     workdir = Path(workdir)
-    nodes = [start_redis(workdir / f"node-{i}", appendonly=appendonly, cluster=True) for i in range(masters)]
-    try:
+    nodes: list[ServerProcess] = []
+    try:  # every node started so far is stopped if a later one (or the create) fails
+        for i in range(masters):
+            nodes.append(start_redis(workdir / f"node-{i}", appendonly=appendonly, cluster=True))
         subprocess.run([cli, "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in nodes), "--cluster-replicas",
                         "0", "--cluster-yes"], check=True, capture_output=True, timeout=timeout)
         deadline = time.monotonic() + timeout
