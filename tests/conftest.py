@@ -1,5 +1,6 @@
-"""Shared fixtures: a real redis-server and a real S3 HTTP API (moto server mode), each on a free
-port, started once per test session. The machine's own Redis on 6379 is never touched."""
+"""Shared fixtures: a real redis-server, a real three-master Redis Cluster and a real S3 HTTP API
+(moto server mode), each on free ports, started once per test session (the cluster only when a
+test asks for it). The machine's own Redis on 6379 is never touched."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import uuid
 
 import pytest
 
-from brigade_cli.devservers import MOTO_ENV, start_moto, start_redis
+from brigade_cli.devservers import MOTO_ENV, start_moto, start_redis, start_redis_cluster
 
 
 @pytest.fixture(scope="session")
@@ -21,6 +22,25 @@ def redis_server(tmp_path_factory):
 @pytest.fixture(scope="session")
 def redis_url(redis_server) -> str:
     return redis_server.url
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory):
+    """Three cluster-enabled redis-servers joined by `redis-cli --cluster create` (about a second)."""
+    cluster = start_redis_cluster(tmp_path_factory.mktemp("redis-cluster"))
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_url(redis_cluster) -> str:
+    return redis_cluster.url
+
+
+@pytest.fixture(scope="session", params=["single", "cluster"])
+def any_redis_url(request) -> str:
+    """A test that takes this runs twice: against the single redis-server and against the cluster."""
+    return request.getfixturevalue("redis_url" if request.param == "single" else "redis_cluster_url")
 
 
 @pytest.fixture(scope="session")

@@ -54,13 +54,15 @@ def _percentile(values: list[float], q: float) -> float:
 async def _proxy_clients(target: str, run: str, clients: int, cycles: int, tag: str, rate: float = 0.0) -> dict:
     """`clients` concurrent acquire+complete loops until `cycles` are done. rate=0: back to back
     (closed loop, saturation); rate>0: each client starts a cycle every clients/rate seconds
-    (open loop at `rate` cycles/s in all, the way workers behave: they generate between calls)."""
+    (open loop at `rate` cycles/s in all, the way workers behave: they generate between calls).
+    `target` may list several proxies, comma-separated: the channels go round them."""
     from brigade import keys
     from brigade.rpc import open_channel
     from brigade.v1 import brigade_pb2 as pb
     from brigade.v1 import brigade_pb2_grpc as pbg
 
-    channels = [open_channel(target) for _ in range(max(1, clients // 16))]
+    targets = target.split(",")
+    channels = [open_channel(targets[i % len(targets)]) for i in range(max(len(targets), clients // 16))]
     stubs = [pbg.LeaseServiceStub(ch) for ch in channels]
     remaining = cycles
     acquire_ms: list[float] = []
@@ -185,13 +187,13 @@ async def _raw_cycles(redis_url: str, clients: int, cycles: int) -> dict:
 
 # ---------------------------------------------------------------- the benchmark
 
-async def _create_run(target: str, run: str, prompts: int) -> None:
+async def _create_run(target: str, run: str, prompts: int, lease_seconds: int = 600) -> None:
     from brigade.rpc import ProxyClient
     from brigade.spec_file import build_spec
     from brigade.v1 import brigade_pb2 as pb
 
     spec = build_spec({"run_id": run, "prompts_per_batch": 1, "batches_per_step": 1,
-                       "staleness": {"max_staleness": 1_000_000, "lease_seconds": 600, "max_attempts": 3}})
+                       "staleness": {"max_staleness": 1_000_000, "lease_seconds": lease_seconds, "max_attempts": 3}})
     async with ProxyClient.connect(target) as client:
         for _ in range(100):  # the proxy may still be starting
             try:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from brigade_bench.repeat import load_text, loadavg, run_repeated, summarize
 
-ORDER = ["bucket", "proxy", "learner", "rollout", "fleet", "sync-latency", "preemption", "topology", "real"]
+ORDER = ["bucket", "proxy", "learner", "rollout", "fleet", "sync-latency", "preemption", "topology", "scale", "real"]
 
 
 # ---------------------------------------------------------------- targets
@@ -140,6 +140,24 @@ TARGETS: list[Target] = [
     Target("real", "recipe: held-out accuracy, base -> final",
            lambda r: f"{r['heldout_base']:.3f} -> {r['heldout_final']:.3f}", _const("+0.15 (full mode)"),
            lambda r: r["heldout_final"] - r["heldout_base"], _num(0.15), higher=True),
+    Target("scale", "AcquireLease p99 at 1,000 workers / at 10 (same offered load)",
+           lambda r: f"{r['acquire_p99_ms_at_1000_workers']:.1f} / {r['acquire_p99_ms_at_10_workers']:.1f} ms "
+                     f"(k = {r['acquire_p99_vs_workers_exponent']:.2f})",
+           _const("k <= 1 (no faster than linear)"), _key("acquire_p99_vs_workers_exponent"), _num(1.0)),
+    Target("scale", "CompleteLease p99 growth with workers", _f("complete_p99_vs_workers_exponent", "k = {:.2f}"),
+           _const("k <= 1"), _key("complete_p99_vs_workers_exponent"), _num(1.0)),
+    Target("scale", "one janitor pass at 100,000 leases in flight, Redis time",
+           _f("janitor_sweep_redis_ms_at_100000_leases", "{:.3f} ms"), _const("< 50 ms"),
+           _key("janitor_sweep_redis_ms_at_100000_leases"), _num(50.0), strict=True),
+    Target("scale", "janitor pass growth with leases in flight", _f("janitor_sweep_vs_leases_exponent", "k = {:.2f}"),
+           _const("k <= 1"), _key("janitor_sweep_vs_leases_exponent"), _num(1.0)),
+    Target("scale", "CreateRun, first touch growth with prompts",
+           lambda r: f"k = {r['create_run_vs_prompts_exponent']:.2f}, {r['first_touch_vs_prompts_exponent']:.2f}",
+           _const("k <= 1.1 each"),
+           lambda r: max(r["create_run_vs_prompts_exponent"], r["first_touch_vs_prompts_exponent"]), _num(1.1)),
+    Target("scale", "Redis bytes per further finished batch (the last two checkpoints)",
+           _f("redis_bytes_per_finished_batch", "{:.1f} B"), _const("<= 64 B (bounded)"),
+           _key("redis_bytes_per_finished_batch"), _num(64.0)),
 ]
 
 
@@ -408,7 +426,28 @@ def _kill_note(r: dict) -> str:
             f"{r.get('local_sgd_k2_kill_deadline_rounds', 0)} rounds closed short at their deadline).")
 
 
-NOTES = {"fleet": fleet_notes, "sync-latency": sync_notes, "preemption": preemption_notes, "topology": topology_notes}
+def scale_notes(r: dict) -> str:
+    if "cycles_per_s_at_1_replicas" not in r:
+        return ""
+    n = max(int(k.split("_")[4]) for k in r if k.startswith("cycles_per_s_at_") and k.endswith("_replicas"))
+    return (
+        f"Replicas: {r['cycles_per_s_at_1_replicas']:.0f} lease cycles/s through one proxy, "
+        f"{r[f'cycles_per_s_at_{n}_replicas']:.0f} through {n} ({r['proxy_scaling_4_over_1']:.2f}x). At {n} replicas "
+        f"Redis used {r[f'redis_cores_at_{n}_replicas']:.2f} cores, the proxies {r[f'proxy_cores_at_{n}_replicas']:.2f}, "
+        f"the load clients {r[f'client_cores_at_{n}_replicas']:.2f}, out of the machine's 2 (shared with other jobs): "
+        "the proxy is stateless and Redis is far from busy, so on a machine with a core per replica the "
+        "throughput grows with the replicas until Redis's one core is the limit; here every replica and the "
+        "clients share the same 2 cores, so more replicas only split them. "
+        f"Workers: the simulated fleet offers {r.get('offered_rate', 100):.0f} cycles/s whatever its size, each "
+        "worker heartbeating every lease_seconds / 3 while it holds a lease, so the curves show what the number of "
+        "workers costs; their tail on this machine is CPU contention (see the load averages). "
+        f"Batches: the run's Redis bytes stop growing once its completed-batch ids reach the 10,000 kept and the "
+        f"events, metrics and adapter streams their caps; further batches cost "
+        f"{r['redis_bytes_per_finished_batch']:.1f} bytes each (the slope between the last two checkpoints).")
+
+
+NOTES = {"fleet": fleet_notes, "sync-latency": sync_notes, "preemption": preemption_notes, "topology": topology_notes,
+         "scale": scale_notes}
 
 
 # ---------------------------------------------------------------- the report

@@ -208,3 +208,29 @@ def test_watch_table_format(token_proxy, run):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_every_command_against_a_proxy_on_a_redis_cluster(redis_cluster_url, monkeypatch):
+    """ctl talks gRPC only: the same commands work when the proxy's Redis is a cluster; `ctl runs`
+    reads every page of ListRuns (two here, with pages of 2)."""
+    from proxy_support import BackgroundProxy
+
+    import brigade_cli.ctl
+
+    proxy = BackgroundProxy(redis_cluster_url, token=TOKEN)
+    try:
+        c = SyncClient(proxy.target, TOKEN)
+        runs = sorted(new_run_id("ctlc") for _ in range(3))
+        for r in runs:
+            c.runs.CreateRun(pb.CreateRunRequest(spec=make_spec(r), prompts=make_prompts(4)), metadata=c.metadata)
+        c.lease.AcquireLease(pb.AcquireLeaseRequest(run_id=runs[0], worker_id="wc"), metadata=c.metadata)
+        c.close()
+        monkeypatch.setattr(brigade_cli.ctl, "RUNS_PAGE", 2)
+        listed = [r["spec"]["run_id"] for r in json.loads(ctl(proxy, "runs", "--json").stdout)]
+        assert set(runs) <= set(listed) and listed == sorted(listed)
+        assert [x["worker_id"] for x in json.loads(ctl(proxy, "leases", "--run", runs[0], "--json").stdout)] == ["wc"]
+        for cmd in ("status", "workers", "adapters", "deadletters", "metrics"):
+            out = ctl(proxy, cmd, "--run", runs[0], "--json")
+            assert out.exit_code == 0, (cmd, out.output)
+    finally:
+        proxy.close()

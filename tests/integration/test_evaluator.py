@@ -68,18 +68,23 @@ async def test_evaluate_scores_a_version_and_writes_once(redis_url, file_bucket_
     await store.close()
 
 
-async def test_watcher_enqueues_every_nth_version_and_the_job_runs(redis_url, file_bucket_url, model_dir):
+async def test_watcher_enqueues_every_nth_version_and_the_job_runs(redis_cluster_url, redis_url, file_bucket_url,
+                                                                   model_dir):
+    """The deployment a Redis Cluster needs: the run's state on the cluster, rq's queue on a
+    single-node Redis (rq cannot use a cluster), the job told both."""
     from brigade_testing.tiny import demo_prompts
 
     spec = tiny_spec(model_dir, run_id="eval-b", dataset="demo", eval_dataset="demo:heldout", eval_every=2)
-    store = Store(redis_url)
+    store = Store(redis_cluster_url)
     await store.runs.create(spec, demo_prompts(8))
     for version in (1, 2, 3, 4):
         await _publish(store, file_bucket_url, spec, version)
 
     import structlog
 
-    task = asyncio.create_task(watch(redis_url, file_bucket_url, "eval-b", structlog.get_logger()))
+    with pytest.raises(ValueError, match="BRIGADE_RQ_REDIS_URL"):  # rq on the cluster is refused in words
+        await watch(redis_cluster_url, file_bucket_url, "eval-b", structlog.get_logger())
+    task = asyncio.create_task(watch(redis_cluster_url, file_bucket_url, "eval-b", structlog.get_logger(), redis_url))
     conn = Redis.from_url(redis_url)
     rq_queue = RqQueue(eval_queue("eval-b"), connection=conn)
     for _ in range(100):

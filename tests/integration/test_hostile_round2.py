@@ -138,12 +138,20 @@ def test_a_run_id_with_a_newline_is_refused_and_one_already_in_redis_is_skipped(
     spec.run_id = "a\n"
     assert code(client.runs.CreateRun, pb.CreateRunRequest(spec=spec, prompts=make_prompts(2))) == BAD
     run = new_run(client)
-    r.sadd(keys.RUNS_SET, "b\n")  # stored by a proxy from before ids were matched whole
+    r.zadd(keys.RUN_INDEX, {"b\n": 0})  # stored by a proxy from before ids were matched whole
     try:
-        listed = [s.spec.run_id for s in client.runs.ListRuns(pb.ListRunsRequest(), timeout=10).runs]
+        listed = [s.spec.run_id for s in client.runs.ListRuns(pb.ListRunsRequest(page_size=1000), timeout=10).runs]
         assert run in listed and "b\n" not in listed
+        paged, token = [], ""  # one run a page: the page holding only "b\n" is empty, yet the next one follows
+        while True:
+            page = client.runs.ListRuns(pb.ListRunsRequest(page_size=1, page_token=token), timeout=10)
+            paged += [s.spec.run_id for s in page.runs]
+            if not (token := page.next_page_token):
+                break
+        assert paged == listed
+        assert code(client.runs.ListRuns, pb.ListRunsRequest(page_token="not hex")) == BAD
     finally:
-        r.srem(keys.RUNS_SET, "b\n")
+        r.zrem(keys.RUN_INDEX, "b\n")
 
 
 def test_an_oversized_manifest_already_on_the_stream_never_reaches_a_pull_reply(client, r):
@@ -180,20 +188,27 @@ def test_workers_per_run_are_capped_and_idle_ones_pruned_in_slices(client, proxy
 
 
 def test_the_number_of_runs_is_capped(client, r):
-    have = r.scard(keys.RUNS_SET)
+    kept = new_run(client)
+    have = r.zcard(keys.RUN_INDEX)
     fillers = [f"filler-{i}" for i in range(MAX_RUNS - have)]
     if fillers:
-        r.sadd(keys.RUNS_SET, *fillers)
+        r.zadd(keys.RUN_INDEX, dict.fromkeys(fillers, 0))
     try:
         spec = make_spec(new_run_id("r2"))
         with pytest.raises(grpc.RpcError) as info:
             client.runs.CreateRun(pb.CreateRunRequest(spec=spec, prompts=make_prompts(2)), timeout=10)
         assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert not r.exists(keys.RunKeys(spec.run_id).spec)
-        assert client.runs.ListRuns(pb.ListRunsRequest(), timeout=30).runs  # listing still works
+        # listing still works, page by page (the fillers have no spec: skipped, yet each page is bounded)
+        found, token, pages = [], "", 0
+        while pages == 0 or token:
+            page = client.runs.ListRuns(pb.ListRunsRequest(page_token=token), timeout=30)
+            found += page.runs
+            token, pages = page.next_page_token, pages + 1
+        assert kept in [s.spec.run_id for s in found] and pages <= MAX_RUNS // 100 + 1
     finally:
         if fillers:
-            r.srem(keys.RUNS_SET, *fillers)
+            r.zrem(keys.RUN_INDEX, *fillers)
 
 
 async def test_a_corrupt_adapter_manifest_fails_the_lease_and_is_dead_lettered(own_redis, file_bucket_url,

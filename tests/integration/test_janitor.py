@@ -57,8 +57,10 @@ def manifest(run: str, g, worker: str) -> pb.RolloutManifest:
 
 
 async def go_silent(q: Store, run: str, g, worker: str) -> None:
+    """As if the worker died long ago: no heartbeat for ages, its deadline long past."""
     await q.redis.xclaim(keys.RunKeys(run).work, keys.WORK_GROUP, worker, 0, [g.lease.lease_id], idle=10**9,
                          justid=True)
+    await q.redis.zadd(keys.RunKeys(run).lease_deadlines, {g.lease.lease_id: 0})
 
 
 async def test_expired_lease_requeued_then_deadlettered(q):

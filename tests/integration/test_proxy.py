@@ -1,5 +1,6 @@
 """The proxy over real gRPC (grpc.aio server in-process, real redis-server): every RPC's happy
-path and its refusals, health, reflection, auth, TLS, the bucket copy of the run."""
+path and its refusals, health, reflection, auth, TLS, the bucket copy of the run. The tests on the
+shared `server` run twice: on one redis-server and on a three-master Redis Cluster."""
 
 from __future__ import annotations
 
@@ -22,8 +23,8 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def server(redis_url):
-    s = await start_server(redis_url, monitor_redis=False)
+async def server(any_redis_url):
+    s = await start_server(any_redis_url, monitor_redis=False)
     yield s
     await s.stop(0)
 

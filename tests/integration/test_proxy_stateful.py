@@ -201,6 +201,7 @@ class LeaseProtocol(RuleBasedStateMachine):
         worker, lease = self._pick(i)
         if self._pending(lease.lease_id):
             self.r.xclaim(self.k.work, keys.WORK_GROUP, worker, 0, [lease.lease_id], idle=10**9, justid=True)
+            self.r.zadd(self.k.lease_deadlines, {lease.lease_id: 0})  # its deadline long past
         result = self.bg.call(self.janitor.sweep_run(self.run))
         SEEN["expired"] += result.expired
         SEEN["revoked"] += result.revoked

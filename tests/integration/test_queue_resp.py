@@ -123,3 +123,79 @@ async def test_reconnects_after_redis_restart(tmp_path):
     finally:
         await r.close()
         server.stop()
+
+
+# ---------------------------------------------------------------- Redis Cluster
+
+
+def _empty_slot_tag(admin) -> tuple[str, int]:
+    """A hash tag whose slot holds no key, so the tests may move that slot about."""
+    for i in range(10_000):
+        tag = f"resp-{i}"
+        slot = admin.keyslot("{" + tag + "}")
+        if admin.execute_command("CLUSTER COUNTKEYSINSLOT", slot, target_nodes=admin.get_node_from_key(tag)) == 0:
+            return tag, slot
+    raise AssertionError("no empty slot found")
+
+
+def _set_slot(admin, slot: int, *args) -> None:
+    for node in admin.get_primaries():
+        admin.execute_command("CLUSTER SETSLOT", slot, *args, target_nodes=node)
+
+
+@aio
+async def test_cluster_routes_each_command_to_its_slots_master(redis_cluster_url):
+    import redis as redis_sync
+
+    from brigade.redis_clients import redis_py_url
+    from brigade.resp import ClusterPipelinedRedis
+
+    r = ClusterPipelinedRedis(redis_cluster_url)
+    admin = redis_sync.RedisCluster.from_url(redis_py_url(redis_cluster_url))
+    try:
+        names = [f"resp-route-{i}" for i in range(30)]
+        await asyncio.gather(*(r.execute("SET", n, n, key=n) for n in names))
+        assert [admin.get(n) for n in names] == [n.encode() for n in names]
+        assert len(r._nodes) == 3  # one connection per master: the 30 keys spread over all three
+        with pytest.raises(ValueError, match="needs the key"):
+            await r.execute("GET", names[0])
+        admin.delete(*names)
+    finally:
+        await r.close()
+        admin.close()
+
+
+@aio
+async def test_cluster_follows_moved_and_ask(redis_cluster_url):
+    """A slot moved to another master (MOVED: the map is read again) and a slot being migrated
+    (ASK: ASKING, then the command, on the importing node) both answer as if nothing happened."""
+    import redis as redis_sync
+
+    from brigade.redis_clients import redis_py_url
+    from brigade.resp import ClusterPipelinedRedis
+
+    admin = redis_sync.RedisCluster.from_url(redis_py_url(redis_cluster_url))
+    tag, slot = _empty_slot_tag(admin)
+    key = "{" + tag + "}:k"
+    owner = admin.get_node_from_key(key)
+    other = next(n for n in admin.get_primaries() if n.name != owner.name)
+    ids = {n.name: admin.execute_command("CLUSTER MYID", target_nodes=n) for n in admin.get_primaries()}
+    r = ClusterPipelinedRedis(redis_cluster_url)
+    try:
+        assert await r.execute("SET", key, "before", key=key) is not None  # the slot map is read here
+        await r.execute("DEL", key, key=key)
+        _set_slot(admin, slot, "NODE", ids[other.name])          # moved: r's map is stale now
+        await r.execute("SET", key, "moved", key=key)
+        assert admin.execute_command("GET", key, target_nodes=other) == b"moved"
+        await r.execute("DEL", key, key=key)
+        # migrating back: the slot's owner (other) answers ASK for a key it does not have
+        admin.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", ids[other.name], target_nodes=owner)
+        admin.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", ids[owner.name], target_nodes=other)
+        await r.execute("SET", key, "asked", key=key)   # sent to `other` (its map), ASKed on to `owner`
+        _set_slot(admin, slot, "NODE", ids[owner.name])   # the migration ends: what `owner` holds stays
+        assert admin.get(key) == b"asked"
+        admin.delete(key)
+    finally:
+        _set_slot(admin, slot, "NODE", ids[owner.name])
+        await r.close()
+        admin.close()

@@ -1,4 +1,5 @@
-"""brigade.store against a real redis-server: every operation's happy path and refusals."""
+"""brigade.store against a real redis-server: every operation's happy path and refusals. The tests
+on the `q` fixture run twice: on one redis-server and on a three-master Redis Cluster."""
 
 from __future__ import annotations
 
@@ -24,8 +25,8 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 
 @pytest_asyncio.fixture
-async def q(redis_url):
-    store = Store(redis_url)
+async def q(any_redis_url):
+    store = Store(any_redis_url)
     yield store
     await store.close()
 
@@ -46,8 +47,9 @@ def manifest(run: str, g, worker: str = "w", **over) -> pb.RolloutManifest:
 
 
 async def force_idle(q: Store, run: str, lease_id: str, worker: str) -> None:
-    """Make a lease look silent for a long time (as if its worker died)."""
+    """Make a lease look silent for a long time (as if its worker died): its deadline long past."""
     await q.redis.xclaim(keys.RunKeys(run).work, keys.WORK_GROUP, worker, 0, [lease_id], idle=10**9, justid=True)
+    await q.redis.zadd(keys.RunKeys(run).lease_deadlines, {lease_id: 0})
 
 
 # ---------------------------------------------------------------- runs
@@ -351,6 +353,20 @@ async def test_publish_versions_never_go_back(q):
     assert [a.version for a in await q.views.list_adapters(run)] == [1, 2, 3]
 
 
+async def test_only_the_newest_adapter_versions_stay_in_redis(q):
+    from brigade.store.scripts import ADAPTERS_KEPT
+
+    run = await new_run(q)
+    k = keys.RunKeys(run)
+    old = adapter_manifest(run, 6).SerializeToString(deterministic=True)
+    await q.redis.hset(k.adapters, mapping={"5": old, "6": old})   # as if published long ago
+    await q.redis.hset(k.evals, mapping={"5": "{}", "6": "{}"})
+    await q.redis.set(k.adapter_latest, ADAPTERS_KEPT + 5)
+    assert await q.learner.publish(run, adapter_manifest(run, ADAPTERS_KEPT + 6)) == ADAPTERS_KEPT + 6
+    assert sorted(int(v) for v in await q.redis.hkeys(k.adapters)) == [5, ADAPTERS_KEPT + 6]
+    assert [int(v) for v in await q.redis.hkeys(k.evals)] == [5]
+
+
 # ---------------------------------------------------------------- janitor sweeps
 
 async def test_expiry_requeues_with_next_attempt_then_deadletters(q):
@@ -448,9 +464,10 @@ async def test_events_tail(q):
     assert seen == ["RunCreated", "WorkerSeen", "LeaseGranted"]
 
 
-async def test_redis_py_fallback_path(redis_url):
-    """Without the pipelined connection the scripts run through redis-py with the same results."""
-    q = Store(redis_url, pipelined=False)
+async def test_redis_py_fallback_path(any_redis_url):
+    """Without the pipelined connection the scripts run through redis-py (its cluster client on a
+    cluster, which loads them on every master) with the same results."""
+    q = Store(any_redis_url, pipelined=False)
     try:
         assert q.fast is None
         run = await new_run(q)
@@ -473,3 +490,36 @@ async def test_prune_consumers_keeps_lease_holders(q):
     names = {c["name"] for c in await q.redis.xinfo_consumers(keys.RunKeys(run).work, keys.WORK_GROUP)}
     assert names == {b"holder"}
     assert (await q.leases.heartbeat(run, g.lease.lease_id, "holder")).status == "ok"
+
+
+async def test_finished_epochs_are_compacted_and_keep_their_fates(q):
+    """The ids of an epoch whose batches all had their fate leave completed / consumed / rejected
+    (here whatever the set holds: keep=0); counts stay, a late duplicate completion or ack of such a batch changes nothing, and an epoch with
+    a batch in flight is left alone."""
+    run = await new_run(q, n_prompts=4, staleness={"max_staleness": 10})   # 2 batches an epoch
+    k = keys.RunKeys(run)
+    grants = [await q.leases.acquire(run, "w") for _ in range(3)]           # epoch 0 whole, then 1:0
+    assert [g.lease.batch.batch_id for g in grants] == [f"{run}:0:0", f"{run}:0:1", f"{run}:1:0"]
+    for g in grants[:2]:
+        await q.leases.complete(run, g.lease.lease_id, "w", manifest(run, g))
+    pulled = await q.learner.pull(run, "L", 10)
+    assert await q.sweeps.compact_epochs(run, keep=0) == 0   # delivered, not acked: still in flight
+    b0, b1 = (g.lease.batch.batch_id for g in grants[:2])
+    await q.learner.ack(run, "L", [d for d, _ in pulled.rollouts], [b0], [b1], step=1)
+    before = await q.views.run_state(run)
+    assert await q.sweeps.compact_epochs(run) == 0   # the default keeps the newest 10,000 ids
+    assert await q.sweeps.compact_epochs(run, keep=0) == 2   # both ids of epoch 0
+    assert await q.redis.scard(k.completed) == 0 and await q.redis.scard(k.consumed) == 0
+    assert await q.redis.hlen(k.rejected) == 0
+    assert await q.views.run_state(run) == before and before.consumed == 1 and before.rejected == 1
+    # the fates hold: an old completion is a duplicate, an old ack adds nothing, a new id is still checked
+    late = await q.leases.complete(run, grants[0].lease.lease_id, "w", manifest(run, grants[0]))
+    assert late.duplicate
+    await q.learner.ack(run, "L", [], [b0, b1], [], step=1)
+    assert (await q.views.run_state(run)).consumed == 1
+    with pytest.raises(InvalidArgument, match="never completed"):
+        await q.learner.ack(run, "L", [], [f"{run}:1:1"], [], step=1)
+    # epoch 1 is cut whole, but 1:0 is still leased: not compacted
+    await q.leases.acquire(run, "w")
+    assert await q.sweeps.compact_epochs(run, keep=0) == 0
+    assert (await q.redis.hget(k.stats, "epochs_done")) == b"1"

@@ -10,8 +10,9 @@ import redis.asyncio as aioredis
 from brigade import keys
 from brigade.store.scripts import CONSTANTS, Declaration, Script, read_source, script_names
 
-EXPECTED = {"ack", "acquire", "complete", "contribute", "create_run", "expire", "fail", "heartbeat", "lock_release", "lock_renew",
-            "prune_consumers", "publish", "remove_stale", "revoke"}
+EXPECTED = {"ack", "acquire", "compact", "complete", "contribute", "create_run", "expire", "fail", "heartbeat",
+            "lock_release", "lock_renew", "prune_consumers", "publish", "register_run", "remove_stale", "revoke"}
+GLOBAL_KEY_SCRIPTS = {"lock_release", "lock_renew", "register_run"}  # one global key each, no run's keys
 
 
 def _script(name: str) -> Script:
@@ -40,6 +41,18 @@ def test_every_script_declares_what_it_uses(name):
     group_calls = [ln for ln in own.splitlines() if re.search(stream_command, ln)]
     assert not [ln for ln in group_calls if re.search(r"'(rollout|learner)'", ln)]
     assert "return {'ok'" in own
+
+
+def test_no_script_mixes_a_global_key_with_a_runs_keys():
+    """On Redis Cluster a script may touch one hash slot only: a run's keys share one (the {run}
+    tag), a global key has its own, so a script declares either one global key or only run keys."""
+    run_keys = {n for n in dir(keys.RunKeys) if isinstance(getattr(keys.RunKeys, n), property)} - {"prefix"}
+    for name in EXPECTED:
+        declared = set(Declaration.parse(name, read_source(name)).keys)
+        if name in GLOBAL_KEY_SCRIPTS:
+            assert len(declared) == 1 and not declared & run_keys, (name, declared)
+        else:  # run keys, or keys the store builds from the run's prefix (lease, staged, stream)
+            assert declared & run_keys or name == "prune_consumers", (name, declared)
 
 
 def test_loaded_source_binds_names_constants_and_common():

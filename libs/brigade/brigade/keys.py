@@ -5,19 +5,35 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-# ---------------------------------------------------------------- Redis (prefix brigade:{run}:)
+# ---------------------------------------------------------------- Redis (prefix brigade:{<run>}:)
+#
+# Every key of a run carries the run id as a Redis Cluster hash tag (`brigade:{demo}:work`), so a
+# run's keys share one hash slot and every Lua script stays within one slot; different runs spread
+# over the cluster. The global keys below are single keys, never touched by a script with a run's.
 
-WORK_GROUP = "rollout"      # consumer group on `work`: a pending entry is a lease
-LEARNER_GROUP = "learner"   # consumer group on `rollouts`, and on `contributions` (the aggregator is local_sgd's learner)
-RUNS_SET = "brigade:runs"   # every run id this Redis serves
+WORK_GROUP = "rollout"          # consumer group on `work`: a pending entry is a lease
+LEARNER_GROUP = "learner"       # consumer group on `rollouts`, and on `contributions` (the aggregator is local_sgd's learner)
+RUN_INDEX = "brigade:run-index"  # sorted set, every score 0: the run ids of this Redis in byte order (pages)
+JANITOR_LOCK = "brigade:janitor:lock"  # string: the id of the janitor that sweeps
+# the layout before the hash tags: run keys were `brigade:<run>:<name>` and the runs a plain
+# set; `brigade migrate-keys` moves such data to the layout above, and services refuse to start on it
+LEGACY_RUNS_SET = "brigade:runs"
+
+
+def legacy_run_prefix(run: str) -> str:
+    return f"brigade:{run}:"
 
 
 @dataclass(frozen=True)
 class RunKeys:
     run: str
 
+    @property
+    def prefix(self) -> str:        # `brigade:{run}:`, the hash tag making the run one slot
+        return "brigade:{" + self.run + "}:"
+
     def _k(self, name: str) -> str:
-        return f"brigade:{self.run}:{name}"
+        return self.prefix + name
 
     @property
     def work(self) -> str:          # stream of PromptBatch entries, group `rollout`
@@ -90,6 +106,14 @@ class RunKeys:
     @property
     def learner_step(self) -> str:  # string: last checkpointed learner step
         return self._k("learner:step")
+
+    @property
+    def lease_deadlines(self) -> str:  # sorted set lease id -> deadline_ms: what the janitor expires
+        return self._k("lease_deadlines")
+
+    @property
+    def lease_versions(self) -> str:   # sorted set lease id -> adapter version: what the janitor revokes
+        return self._k("lease_versions")
 
     def lease(self, lease_id: str) -> str:  # hash: worker, batch, version, deadline, attempt
         return self._k(f"leases:{lease_id}")

@@ -11,7 +11,13 @@ from brigade.config import Settings
 
 _D = Settings()
 
-RedisUrl = Annotated[str, typer.Option("--redis-url", envvar="BRIGADE_REDIS_URL", help="Redis URL (the message queue).")]
+RedisUrl = Annotated[str, typer.Option(
+    "--redis-url", envvar="BRIGADE_REDIS_URL",
+    help="Redis URL (the message queue); redis+cluster://host:port for Redis Cluster.")]
+RqRedisUrl = Annotated[str, typer.Option(
+    "--rq-redis-url", envvar="BRIGADE_RQ_REDIS_URL",
+    help="Single-node Redis for rq's job queues (evaluations, sandboxed rewards); empty = --redis-url, "
+         "which must then not be a cluster (rq cannot use one).")]
 BucketUrl = Annotated[str, typer.Option("--bucket", envvar="BRIGADE_BUCKET", help="s3://bucket/prefix or file:///path.")]
 ProxyAddr = Annotated[str, typer.Option("--proxy", envvar="BRIGADE_PROXY", help="Proxy address host:port (https:// for TLS).")]
 Listen = Annotated[str, typer.Option("--listen", envvar="BRIGADE_LISTEN", help="Address the server listens on.")]
@@ -41,13 +47,13 @@ ExitWhenFinished = Annotated[bool, typer.Option(
 Device = Annotated[str, typer.Option("--device", envvar="BRIGADE_DEVICE",
                                      help="cpu, cuda or cuda:N; overrides the run spec's device.")]
 RewardRedis = Annotated[str, typer.Option(
-    "--redis-url", envvar="BRIGADE_REDIS_URL",
-    help="Redis for the rq queue of sandboxed reward functions (brigade:{run}:rewards); only needed when the run "
-         "has sandboxed rewards.")]
+    "--rq-redis-url", "--redis-url", envvar=["BRIGADE_RQ_REDIS_URL", "BRIGADE_REDIS_URL"],
+    help="Single-node Redis for the rq queue of sandboxed reward functions (brigade:<run>:rewards); only needed "
+         "when the run has sandboxed rewards. BRIGADE_RQ_REDIS_URL, else BRIGADE_REDIS_URL (not a cluster).")]
 RewardWorkers = Annotated[bool, typer.Option(
     "--reward-worker/--no-reward-worker",
     help="Start a local rq worker subprocess for sandboxed rewards; with --no-reward-worker run "
-         "`rq worker --url $BRIGADE_REDIS_URL brigade:{run}:rewards` yourself.")]
+         "`rq worker --url $BRIGADE_RQ_REDIS_URL brigade:<run>:rewards` yourself.")]
 
 
 def check_fleet_flags(capacity_class: str, price_per_hour: float) -> None:

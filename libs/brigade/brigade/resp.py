@@ -10,6 +10,12 @@ Only what the hot path needs: TCP `redis://` and `rediss://` (TLS) URLs with opt
 database; for TLS, `?ssl_ca_certs=` (the CA file) and `?ssl_check_hostname=` as redis-py reads them.
 Anything else (unix sockets, other query parameters) makes `supports()` false and the caller stays
 on redis-py.
+
+Redis Cluster (`redis+cluster://`, `rediss+cluster://`): `ClusterPipelinedRedis` keeps one such
+connection per master and sends each command to the master of its key's slot, from a slot map read
+with CLUSTER SLOTS. A MOVED, ASK, TRYAGAIN or CLUSTERDOWN answer means the command did not run, so it
+is sent again where the answer says (a MOVED also re-reads the map); a lost connection is raised to
+the caller as it is on one node (a script may have run: only the caller knows whether to retry).
 """
 
 from __future__ import annotations
@@ -21,6 +27,9 @@ import ssl
 from urllib.parse import parse_qs, unquote, urlparse
 
 import redis.exceptions
+from redis.crc import key_slot
+
+from brigade.redis_clients import CLUSTER_SCHEMES, is_cluster, redis_py_url
 
 
 class ReplyError(redis.exceptions.ResponseError):
@@ -177,13 +186,14 @@ def tls_context(scheme: str, query: dict[str, str]) -> ssl.SSLContext | None:
 
 
 class PipelinedRedis:
-    """One auto-pipelined connection, opened on first use and reopened after a failure."""
+    """One auto-pipelined connection, opened on first use and reopened after a failure. `host` and
+    `port` override the URL's (a cluster's other nodes, with the URL's password and TLS)."""
 
-    def __init__(self, url: str, connect_timeout: float = 5.0):
-        u = urlparse(url)
+    def __init__(self, url: str, connect_timeout: float = 5.0, *, host: str = "", port: int = 0):
+        u = urlparse(redis_py_url(url))
         self.tls = tls_context(u.scheme, {k: v[-1] for k, v in parse_qs(u.query).items()})
-        self.host = u.hostname or "127.0.0.1"
-        self.port = u.port or 6379
+        self.host = host or u.hostname or "127.0.0.1"
+        self.port = port or u.port or 6379
         self.username = unquote(u.username) if u.username else None
         self.password = unquote(u.password) if u.password else None
         path = (u.path or "/").strip("/")
@@ -195,10 +205,10 @@ class PipelinedRedis:
     @staticmethod
     def supports(url: str) -> bool:
         u = urlparse(url)
-        if u.scheme not in ("redis", "rediss") or not set(parse_qs(u.query)) <= TLS_PARAMETERS:
+        if u.scheme not in ("redis", "rediss", *CLUSTER_SCHEMES) or not set(parse_qs(u.query)) <= TLS_PARAMETERS:
             return False
         path = (u.path or "/").strip("/")
-        return path == "" or path.isdigit()
+        return path == "" or path.isdigit() and not (is_cluster(url) and int(path))
 
     async def _connection(self) -> _Protocol:
         proto = self._proto
@@ -238,11 +248,107 @@ class PipelinedRedis:
         proto.send(pack(args), fut)
         return fut
 
-    async def execute(self, *args: object) -> object:
+    async def execute(self, *args: object, key: object = None) -> object:
+        """One command's reply. `key` routes a command on a cluster; one node ignores it."""
         proto = await self._connection()
         return await self._send(proto, args)
+
+    async def execute_asking(self, *args: object) -> object:
+        """ASKING, then the command, back to back on this connection (a slot being migrated here)."""
+        proto = await self._connection()
+        asking = self._send(proto, ("ASKING",))
+        reply = self._send(proto, args)
+        await asking
+        return await reply
 
     async def close(self) -> None:
         proto, self._proto = self._proto, None
         if proto is not None and proto.transport is not None:
             proto.transport.close()
+
+
+MAX_REDIRECTS = 5     # MOVED / ASK / TRYAGAIN answers one command may get before it is an error
+
+
+class ClusterPipelinedRedis:
+    """PipelinedRedis for Redis Cluster: one auto-pipelined connection per master, each command sent
+    to the master of its key's slot. Opened on first use."""
+
+    def __init__(self, url: str, connect_timeout: float = 5.0):
+        self.url, self.connect_timeout = url, connect_timeout
+        seed = PipelinedRedis(url, connect_timeout)
+        self._nodes: dict[tuple[str, int], PipelinedRedis] = {(seed.host, seed.port): seed}
+        self._slots: list[tuple[str, int] | None] = [None] * 16384
+        self._stale = True
+        self._refreshing: asyncio.Future | None = None
+
+    def _node(self, addr: tuple[str, int]) -> PipelinedRedis:
+        node = self._nodes.get(addr)
+        if node is None:
+            node = self._nodes[addr] = PipelinedRedis(self.url, self.connect_timeout, host=addr[0], port=addr[1])
+        return node
+
+    async def _refresh(self) -> None:
+        """Read the slot map (CLUSTER SLOTS) from the first node that answers; concurrent callers share one read."""
+        if self._refreshing is None:
+            self._refreshing = asyncio.ensure_future(self._read_slots())
+        try:
+            await asyncio.shield(self._refreshing)
+        finally:
+            if self._refreshing is not None and self._refreshing.done():
+                self._refreshing = None
+
+    async def _read_slots(self) -> None:
+        error: Exception | None = None
+        for addr, node in list(self._nodes.items()):
+            try:
+                ranges = await node.execute("CLUSTER", "SLOTS")
+            except (redis.exceptions.ConnectionError, ReplyError) as e:
+                error = e
+                continue
+            for start, end, master, *_replicas in ranges:
+                host = master[0].decode() or addr[0]  # '' = the node that answered
+                for slot in range(start, end + 1):
+                    self._slots[slot] = (host, int(master[1]))
+            self._stale = False
+            return
+        raise redis.exceptions.ConnectionError(f"no node of the Redis Cluster at {self.url} answered: {error}")
+
+    async def execute(self, *args: object, key: object = None) -> object:
+        if key is None:
+            raise ValueError(f"a command on Redis Cluster needs the key that routes it: {args[:1]}")
+        slot = key_slot(_encode(key))
+        for attempt in range(MAX_REDIRECTS):
+            if self._stale or self._slots[slot] is None:
+                await self._refresh()
+            addr = self._slots[slot]
+            if addr is None:
+                raise redis.exceptions.ClusterDownError(f"CLUSTERDOWN slot {slot} is not served by any node")
+            try:
+                return await self._node(addr).execute(*args)
+            except redis.exceptions.ConnectionError:
+                self._stale = True  # a failover may have moved the slot: read the map before the next command
+                raise
+            except ReplyError as e:
+                kind, _, where = str(e).partition(" ")
+                if kind == "MOVED":
+                    self._stale = True
+                elif kind == "ASK":
+                    host, _, port = where.split(" ")[1].rpartition(":")
+                    return await self._node((host or addr[0], int(port))).execute_asking(*args)
+                elif kind in ("TRYAGAIN", "CLUSTERDOWN"):
+                    await asyncio.sleep(0.05 * 2**attempt)
+                else:
+                    raise
+        raise redis.exceptions.ClusterError(f"command still redirected after {MAX_REDIRECTS} tries: {args[:1]}")
+
+    async def close(self) -> None:
+        for node in self._nodes.values():
+            await node.close()
+
+
+def pipelined_client(url: str) -> PipelinedRedis | ClusterPipelinedRedis | None:
+    """The pipelining client for `url`, or None where only redis-py can go (PipelinedRedis.supports)."""
+    if not PipelinedRedis.supports(url):
+        return None
+    return ClusterPipelinedRedis(url) if is_cluster(url) else PipelinedRedis(url)

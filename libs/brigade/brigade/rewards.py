@@ -32,9 +32,10 @@ refuses the batch and counts it (`rejected/empty` in its step metrics); the run 
 - in-process functions (sandboxed=false) run in a daemon thread (async ones on a loop of their
   own), bounded by `timeout_s`;
 - sandboxed functions (sandboxed=true: slow or unsafe code) run as rq jobs (job_timeout=timeout_s)
-  in an rq worker process, on the Redis queue `brigade:{run}:rewards`. A rollout worker given a
-  Redis URL starts its own rq worker subprocess on that queue (killed with it); more can be added on
-  any host with `rq worker --url $BRIGADE_REDIS_URL brigade:{run}:rewards` (they need brigade and
+  in an rq worker process, on the Redis queue `brigade:<run>:rewards` (on BRIGADE_RQ_REDIS_URL). A
+  rollout worker given a Redis URL starts its own rq worker subprocess on that queue (killed with
+  it); more can be added on
+  any host with `rq worker --url $BRIGADE_RQ_REDIS_URL brigade:<run>:rewards` (they need brigade and
   the reward's package importable). A job that fails, times out, or is not picked up within
   timeout_s + QUEUE_GRACE_S is rejected, logged.
 """
@@ -586,10 +587,10 @@ class RqSandbox:
     def __init__(self, redis_url: str, queue: str, start_worker: bool = True, poll_s: float = 0.05):
         from rq import Queue
 
-        from brigade.redis_clients import sync_client
+        from brigade.redis_clients import rq_client
 
         self.redis_url, self.queue_name, self.poll_s = redis_url, queue, poll_s
-        self.redis = sync_client(redis_url)
+        self.redis = rq_client(redis_url)  # ValueError for a cluster: rq needs a single node
         self.queue = Queue(queue, connection=self.redis)
         self.worker: subprocess.Popen | None = None
         if start_worker:

@@ -41,6 +41,7 @@ app = typer.Typer(
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 Timeout = Annotated[float, typer.Option("--timeout", help="Seconds to wait for the proxy.")]
 T = TypeVar("T")
+RUNS_PAGE = 500          # `ctl runs` reads the run list in pages of this many (ListRuns takes at most 1,000)
 WATCH_GIVE_UP_S = 30.0  # a watch whose proxy stays away this long ends: the run is probably over
 
 
@@ -244,15 +245,25 @@ def runs(
     tls_ca: TlsCa = "",
     as_json: AsJson = False,
 ) -> None:
-    """Every run the proxy's Redis knows."""
+    """Every run the proxy's Redis knows (read page by page)."""
     proxy = _resolve_proxy(proxy)
-    resp = call_proxy(proxy, token, tls_ca, lambda c: c.runs.ListRuns(pb.ListRunsRequest(), timeout=15))
+
+    async def every_page(c: ProxyClient) -> list[pb.RunState]:
+        found, token = [], ""
+        while True:
+            page = await c.runs.ListRuns(pb.ListRunsRequest(page_size=RUNS_PAGE, page_token=token), timeout=15)
+            found += page.runs
+            token = page.next_page_token
+            if not token:
+                return found
+
+    found = call_proxy(proxy, token, tls_ca, every_page)
     if as_json:
-        _print_json([to_dict(r) for r in resp.runs])
+        _print_json([to_dict(r) for r in found])
         return
     rows = [(r.spec.run_id, r.latest_version, r.learner_step, r.batches_created, r.queued, r.leased, r.completed,
              r.consumed, r.rejected + r.stale_removed, r.deadlettered, "finished" if r.finished else "running")
-            for r in resp.runs]
+            for r in found]
     typer.echo(table(["RUN", "VERSION", "STEP", "CUT", "QUEUED", "LEASED", "WAITING", "CONSUMED", "REJECTED",
                       "DEAD", "STATE"], rows, "(no runs)"))
 

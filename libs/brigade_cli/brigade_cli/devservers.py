@@ -1,12 +1,14 @@
-"""Local servers for tests, benchmarks and `brigade up`: a redis-server and an S3 API (moto).
+"""Local servers for tests, benchmarks and `brigade up`: a redis-server, a Redis Cluster of three
+masters, and an S3 API (moto).
 
-Both run as child processes on free loopback ports, so nothing shares the machine's own Redis
+They run as child processes on free loopback ports, so nothing shares the machine's own Redis
 on 6379 and nothing competes with the caller for the GIL.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -20,6 +22,20 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def free_cluster_port() -> int:
+    """A free port whose cluster bus port (+10000, where the nodes of a Redis Cluster talk) is free too."""
+    for _ in range(200):
+        port = random.randint(20_000, 55_000)
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 10_000))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no free port pair for a Redis Cluster node")
 
 
 def wait_for_port(port: int, timeout: float = 15.0, proc: subprocess.Popen | None = None) -> None:
@@ -64,11 +80,12 @@ class ServerProcess:
         wait_for_port(self.port, timeout, self.proc)
 
 
-def start_redis(workdir: str | Path, port: int | None = None, appendonly: bool = False) -> ServerProcess:
+def start_redis(workdir: str | Path, port: int | None = None, appendonly: bool = False,
+                cluster: bool = False) -> ServerProcess:
     exe = shutil.which("redis-server")
     if exe is None:
         raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
-    port = port or free_port()
+    port = port or (free_cluster_port() if cluster else free_port())
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     argv = [
@@ -76,9 +93,51 @@ def start_redis(workdir: str | Path, port: int | None = None, appendonly: bool =
         "--save", "", "--appendonly", "yes" if appendonly else "no",
         "--appendfsync", "everysec", "--protected-mode", "no", "--daemonize", "no",
     ]
+    if cluster:
+        argv += ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000"]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_for_port(port, proc=proc)
     return ServerProcess(proc, port, f"redis://127.0.0.1:{port}/0", workdir, argv)
+
+
+@dataclass
+class LocalCluster:
+    """A Redis Cluster of masters on this machine; `url` names one node, as a client would."""
+
+    nodes: list[ServerProcess]
+    url: str
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+
+def start_redis_cluster(workdir: str | Path, masters: int = 3, appendonly: bool = False,
+                        timeout: float = 30.0) -> LocalCluster:
+    """`masters` cluster-enabled redis-servers joined with `redis-cli --cluster create` (no replicas),
+    returned once every node says cluster_state:ok (about a second)."""
+    cli = shutil.which("redis-cli")
+    if cli is None:
+        raise RuntimeError("redis-cli is not installed (apt-get install redis-tools)")
+    workdir = Path(workdir)
+    nodes: list[ServerProcess] = []
+    try:  # every node started so far is stopped if a later one (or the create) fails
+        for i in range(masters):
+            nodes.append(start_redis(workdir / f"node-{i}", appendonly=appendonly, cluster=True))
+        subprocess.run([cli, "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in nodes), "--cluster-replicas",
+                        "0", "--cluster-yes"], check=True, capture_output=True, timeout=timeout)
+        deadline = time.monotonic() + timeout
+        for node in nodes:
+            while b"cluster_state:ok" not in subprocess.run([cli, "-p", str(node.port), "cluster", "info"],
+                                                            capture_output=True, timeout=5).stdout:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the Redis Cluster on ports {[n.port for n in nodes]} did not come up")
+                time.sleep(0.1)
+    except BaseException:
+        for node in nodes:
+            node.stop()
+        raise
+    return LocalCluster(nodes, f"redis+cluster://127.0.0.1:{nodes[0].port}")
 
 
 def start_moto(port: int | None = None) -> ServerProcess:

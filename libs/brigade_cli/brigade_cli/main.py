@@ -41,6 +41,7 @@ LOCAL_COMMANDS = {
     "up": "brigade_cli.up:up",
     "cost": "brigade_cli.cost:cost",
     "real": "brigade_cli.real:real",
+    "migrate-keys": "brigade_cli.migrate:migrate_keys",
 }
 SUB_APPS = {
     "ctl": "brigade_cli.ctl:app",
@@ -76,7 +77,8 @@ for _name, _target in LOCAL_COMMANDS.items():
 for _name, _target in SUB_APPS.items():
     app.add_typer(_load(_target), name=_name)
 
-BENCHMARKS = ["bucket", "proxy", "learner", "rollout", "fleet", "sync-latency", "preemption", "topology", "real"]
+BENCHMARKS = ["bucket", "proxy", "learner", "rollout", "fleet", "sync-latency", "preemption", "topology", "scale",
+              "real"]
 
 
 @app.command()

@@ -1,7 +1,8 @@
 """The whole system on one machine, each service its own process, for `brigade up`, the benchmarks
 and the chaos tests.
 
-`LocalSystem` starts Redis (a given one that answers, else a redis-server of its own), optionally
+`LocalSystem` starts Redis (a given one that answers, else a redis-server of its own; for a given
+Redis Cluster, also a single redis-server for rq's queues unless BRIGADE_RQ_REDIS_URL names one), optionally
 moto's S3 server, and then whatever services its caller spawns (`brigade proxy`, `janitor`,
 `learner`, `rollout`, `evaluator`, or a host module of the caller's that drives a service's own
 classes), each with its log under `root/logs`. It can kill, freeze, thaw and restart any of them,
@@ -131,6 +132,8 @@ class LocalSystem:
         self.token, self.run = token, run
         self.base_env = dict(os.environ if env is None else env)
         self.redis: ServerProcess | None = None        # ours, when no given Redis answered
+        self.rq_url = ""                               # rq's single-node Redis, when redis_url is a cluster
+        self.rq_redis: ServerProcess | None = None     # ours, when no given one answered
         self.moto: ServerProcess | None = None
         self.services: dict[str, Service] = {}
         self.forker = forker  # the torch services (FORKED) are forked from it; the rest start as processes
@@ -144,9 +147,18 @@ class LocalSystem:
     # ------------------------------------------------------------ servers and services
 
     def start_servers(self) -> None:
+        from brigade.redis_clients import is_cluster
+
         if not self.redis_url or not redis_answers(self.redis_url):
             self.redis = start_redis(self.root / "redis", appendonly=self.appendonly)
             self.redis_url = self.redis.url
+        if is_cluster(self.redis_url):  # rq cannot use a cluster: its queues get a Redis of their own
+            given = self.base_env.get("BRIGADE_RQ_REDIS_URL", "")
+            if given and redis_answers(given):
+                self.rq_url = given
+            else:
+                self.rq_redis = start_redis(self.root / "rq-redis", appendonly=self.appendonly)
+                self.rq_url = self.rq_redis.url
         if self.s3:
             self.moto = start_moto()
 
@@ -160,6 +172,8 @@ class LocalSystem:
                    BRIGADE_PROXY=self.proxy, BRIGADE_LISTEN=self.proxy, BRIGADE_TOKEN=self.token)
         if self.run:
             env["BRIGADE_RUN"] = self.run
+        if self.rq_url:
+            env["BRIGADE_RQ_REDIS_URL"] = self.rq_url
         if self.moto is not None:
             env.update(MOTO_ENV, AWS_ENDPOINT_URL=self.s3_endpoint)
         return env
@@ -246,7 +260,8 @@ class LocalSystem:
 
     def close(self) -> None:
         """Stop the services, then the servers."""
-        run_each([self.stop_services, self.moto and self.moto.stop, self.redis and self.redis.stop])
+        run_each([self.stop_services, self.moto and self.moto.stop, self.redis and self.redis.stop,
+                  self.rq_redis and self.rq_redis.stop])
 
 
 def process_env(base: dict[str, str]) -> dict[str, str]:
@@ -293,9 +308,15 @@ def read_json_lines(path: Path, since: int = 0) -> tuple[list[dict], int]:
 
 
 def redis_answers(url: str) -> bool:
+    """Whether the Redis (or Redis Cluster) at `url` answers a PING within half a second."""
     import redis
 
+    from brigade.redis_clients import is_cluster, redis_py_url
+
     try:
+        if is_cluster(url):
+            with redis.RedisCluster.from_url(redis_py_url(url), socket_connect_timeout=0.5) as r:
+                return bool(r.ping())
         return bool(redis.Redis.from_url(url, socket_connect_timeout=0.5).ping())
     except (redis.RedisError, OSError, ValueError):
         return False

@@ -249,6 +249,8 @@ def up(
         system.start_servers()
         if system.redis is not None:
             typer.echo(f"started redis-server at {system.redis_url}")
+        if system.rq_redis is not None:
+            typer.echo(f"started redis-server for rq's queues at {system.rq_url} (rq cannot use Redis Cluster)")
         if spec.model == "demo" and forker is None:  # build once, before N processes race to do it
             from brigade.model import resolve_model
 

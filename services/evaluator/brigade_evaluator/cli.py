@@ -26,15 +26,16 @@ def should_evaluate(version: int, eval_every: int) -> bool:
     return eval_every > 0 and version > 0 and version % eval_every == 0
 
 
-async def watch(redis_url: str, bucket: str, run: str, log) -> None:
+async def watch(redis_url: str, bucket: str, run: str, log, rq_url: str = "") -> None:
     from rq import Queue as RqQueue
 
-    from brigade.redis_clients import sync_client
+    from brigade.redis_clients import rq_client
     from brigade.store import Store
 
+    rq_queue = RqQueue(eval_queue(run), connection=rq_client(rq_url or redis_url))
     store = Store(redis_url, max_connections=4, blocking_connections=1)
-    rq_queue = RqQueue(eval_queue(run), connection=sync_client(redis_url))
     try:
+        await store.runs.check_layout()
         while not await store.runs.exists(run):
             log.info("waiting for the run to be created", run=run)
             await asyncio.sleep(2)
@@ -49,7 +50,7 @@ async def watch(redis_url: str, bucket: str, run: str, log) -> None:
                 continue
             job_id = f"eval-{run}-v{version}"
             if rq_queue.fetch_job(job_id) is None:
-                rq_queue.enqueue("brigade_evaluator.evaluate.evaluate", run, version, bucket, redis_url,
+                rq_queue.enqueue("brigade_evaluator.evaluate.evaluate", run, version, bucket, redis_url, rq_url,
                                  job_id=job_id, job_timeout=600, result_ttl=86400, failure_ttl=86400)
                 QUEUED.inc()
                 log.info("evaluation queued", run=run, version=version)
@@ -59,6 +60,7 @@ async def watch(redis_url: str, bucket: str, run: str, log) -> None:
 
 def evaluator(
     redis_url: options.RedisUrl = options.DEFAULTS.redis_url,
+    rq_redis_url: options.RqRedisUrl = "",
     bucket: options.BucketUrl = options.DEFAULTS.bucket,
     run: options.Run = options.DEFAULTS.run,
     worker: bool = typer.Option(True, "--worker/--no-worker", help="Also run the rq worker that executes the jobs."),
@@ -68,8 +70,16 @@ def evaluator(
     """Evaluate published adapters on held-out prompts (rq jobs)."""
     from brigade.log import configure_logging
     from brigade.proc import die_with_parent
+    from brigade.store.errors import LegacyKeys
 
     log = configure_logging("evaluator", log_level)
+    from brigade.redis_clients import is_cluster
+
+    rq_url = rq_redis_url or redis_url
+    if is_cluster(rq_url):
+        typer.echo(f"brigade evaluator: --redis-url {redis_url} is a Redis Cluster, which rq cannot use; give the "
+                   "job queues a single-node Redis with --rq-redis-url (BRIGADE_RQ_REDIS_URL)", err=True)
+        raise typer.Exit(2)
     from brigade.prom import serve_metrics
 
     serve_metrics(metrics_port)
@@ -78,13 +88,16 @@ def evaluator(
     child = None
     if worker:
         # SimpleWorker: jobs run in the worker process, so the base model loads once, not per job
-        child = subprocess.Popen([sys.executable, "-m", "brigade.rq_worker", "--url", redis_url, "--quiet",
+        child = subprocess.Popen([sys.executable, "-m", "brigade.rq_worker", "--url", rq_url, "--quiet",
                                   "--service", "evaluator", "--simple", eval_queue(run)], env=os.environ,
                                  preexec_fn=die_with_parent)
     try:
-        asyncio.run(watch(redis_url, bucket, run, log))
+        asyncio.run(watch(redis_url, bucket, run, log, rq_url))
     except KeyboardInterrupt:
         pass
+    except LegacyKeys as e:
+        typer.echo(f"brigade evaluator: {e}", err=True)
+        raise typer.Exit(2) from None
     finally:
         if child is not None and child.poll() is None:
             # rq stops warm on the first SIGTERM (after the job in flight, which for a 135M model is

@@ -29,7 +29,7 @@ def _engine(run: str, spec):
     return _engines[run]
 
 
-async def _evaluate(run: str, version: int, bucket_url: str, redis_url: str) -> dict:
+async def _evaluate(run: str, version: int, bucket_url: str, redis_url: str, rq_url: str = "") -> dict:
     from brigade import adapters
     from brigade.bucket import ObjectExists, open_bucket
     from brigade.datasets import eval_prompts, prompt_value
@@ -63,7 +63,7 @@ async def _evaluate(run: str, version: int, bucket_url: str, redis_url: str) -> 
             # sandboxed rewards run as rq jobs on the run's reward queue, served by our own rq worker
             sandbox = None
             if any(r.sandboxed for r in spec.rewards):
-                sandbox = RqSandbox(redis_url, reward_queue(run), start_worker=True)
+                sandbox = RqSandbox(rq_url or redis_url, reward_queue(run), start_worker=True)
             rewards = RewardSet.from_specs(spec.rewards, sandbox, device=spec.device,
                                            trust_remote_code=spec.trust_remote_code)
             state = TrainerState(global_step=version, max_steps=spec.max_steps, num_train_epochs=spec.epochs)
@@ -109,6 +109,7 @@ def _mean(values: list) -> float | None:
     return sum(ok) / len(ok) if ok else None
 
 
-def evaluate(run: str, version: int, bucket_url: str, redis_url: str) -> dict:
-    """rq entry point (rq calls plain functions)."""
-    return asyncio.run(_evaluate(run, version, bucket_url, redis_url))
+def evaluate(run: str, version: int, bucket_url: str, redis_url: str, rq_url: str = "") -> dict:
+    """rq entry point (rq calls plain functions). `rq_url`: the single-node Redis of the job queues
+    (sandboxed rewards), when `redis_url` is a cluster; a job queued without it uses `redis_url`."""
+    return asyncio.run(_evaluate(run, version, bucket_url, redis_url, rq_url))

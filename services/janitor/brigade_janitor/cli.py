@@ -40,7 +40,13 @@ def janitor(
 
     serve_metrics(metrics_port)
 
-    asyncio.run(run_janitor(redis_url, interval=interval, lock_ttl_ms=lock_ttl_ms, janitor_id=janitor_id or None))
+    from brigade.store.errors import LegacyKeys
+
+    try:
+        asyncio.run(run_janitor(redis_url, interval=interval, lock_ttl_ms=lock_ttl_ms, janitor_id=janitor_id or None))
+    except LegacyKeys as e:
+        typer.echo(f"brigade janitor: {e}", err=True)
+        raise typer.Exit(2) from None
 
 
 def main() -> None:

@@ -20,11 +20,13 @@ from collections.abc import Sequence
 import redis.exceptions
 import structlog
 
+from brigade import keys
 from brigade.store import NotFound, Store, SweepResult
+from brigade.store.errors import LegacyKeys
 from brigade_janitor import metrics
 
-LOCK_KEY = "brigade:janitor:lock"
-PRUNE_EVERY_S = 60.0  # idle group consumers are forgotten at most this often per run
+LOCK_KEY = keys.JANITOR_LOCK
+PRUNE_EVERY_S = 60.0  # idle group consumers are forgotten, finished epochs compacted, at most this often per run
 
 log = structlog.get_logger("brigade.janitor")
 
@@ -50,11 +52,12 @@ class Janitor:
         self.interval = interval
         self.lock_ttl_ms = lock_ttl_ms
         self.id = janitor_id or default_janitor_id()
-        self.runs = list(runs) if runs is not None else None  # None = every run in brigade:runs
+        self.runs = list(runs) if runs is not None else None  # None = every run in the run index
         self.holding = False
         self._last_holder: str | None = None
         self.totals = SweepResult()
         self._pruned: dict[str, float] = {}
+        self._layout_checked = False
 
     # -------------------------------------------------------------- lock
 
@@ -92,6 +95,9 @@ class Janitor:
             pruned = await self.sweeps.prune_consumers(run)
             if pruned:
                 log.info("forgot idle consumers", run=run, consumers=pruned)
+            compacted = await self.sweeps.compact_epochs(run)
+            if compacted:
+                log.info("compacted finished epochs", run=run, batch_ids=compacted)
         if result.expired or result.revoked or result.stale_removed or result.deadlettered:
             log.info("swept", run=run, expired=result.expired, revoked=result.revoked,
                      stale_removed=result.stale_removed, deadlettered=result.deadlettered)
@@ -123,6 +129,9 @@ class Janitor:
 
     async def tick(self) -> bool:
         """One loop iteration: hold the lock, sweep if we do. True if we swept."""
+        if not self._layout_checked:  # LegacyKeys stops the janitor: it would sweep nothing of those runs
+            await self.store.runs.check_layout()
+            self._layout_checked = True
         holding = await self.hold_lock()
         metrics.HOLDING.set(int(holding))
         if not holding:
@@ -150,6 +159,8 @@ class Janitor:
                         log.error("redis unreachable; retrying", error=str(e))
                         redis_down = True
                     self.holding = False  # our lock may lapse meanwhile; take it again properly
+                except LegacyKeys:
+                    raise
                 except Exception as e:  # noqa: BLE001 - keep the janitor alive
                     log.error("janitor loop error", error=repr(e), exc_info=e)
                 try:

@@ -79,12 +79,16 @@ def proxy(
                         max_pulls_per_client=max_pulls_per_client, max_rpcs=max_rpcs)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
+    from brigade.store.errors import LegacyKeys
     from brigade_proxy.server import serve
 
     try:
         asyncio.run(serve(listen, redis_url, bucket_url=bucket, token=token, tls_cert=tls_cert, tls_key=tls_key,
                           grace=grace, pipelined=pipelined, limits=limits,
                           metrics_port=metrics_port))
+    except LegacyKeys as e:  # a Redis of the key layout before hash tags: `brigade migrate-keys` first
+        typer.echo(f"brigade proxy: {e}", err=True)
+        raise typer.Exit(2) from None
     except (RuntimeError, ValueError, OSError) as e:  # the address is taken, a bad bucket URL, unreadable TLS files
         typer.echo(f"brigade proxy: {e}", err=True)
         raise typer.Exit(1) from None

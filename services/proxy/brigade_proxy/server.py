@@ -33,6 +33,7 @@ from brigade.rpc import KEEPALIVE_MS, TRANSIENT_KEY, BearerAuthInterceptor, serv
 from brigade.spec import fill_defaults
 from brigade.store import AlreadyExists, InvalidArgument, NotFound, Store, StoreError
 from brigade.store.checks import check_manifest_worker, check_run_spec, check_wire
+from brigade.store.errors import LegacyKeys
 from brigade.store.runs import prompt_bundle
 from brigade.v1 import brigade_pb2 as pb
 from brigade.v1 import brigade_pb2_grpc as pbg
@@ -396,13 +397,15 @@ class RunServicer(pbg.RunServiceServicer):
 
     @rpc
     async def ListRuns(self, request: pb.ListRunsRequest, context) -> pb.ListRunsResponse:
+        """One page of runs (each a few Redis reads): a thousand runs are ten calls, not one huge one."""
+        ids, after = await self.store.runs.page(request.page_token, request.page_size or 100)
         states = []
-        for run in await self.store.runs.ids():
+        for run in ids:
             try:
                 states.append(await self.store.views.run_state(run))
             except NotFound:  # listed but half-created or removed: skip it
                 continue
-        return pb.ListRunsResponse(runs=states)
+        return pb.ListRunsResponse(runs=states, next_page_token=after)
 
     @rpc_stream
     async def WatchRun(self, request: pb.WatchRunRequest, context) -> AsyncIterator[pb.Event]:
@@ -577,6 +580,12 @@ async def serve(
         redis_ok = False
         log.error("redis unreachable at start; calls answer UNAVAILABLE until it is back", redis=redis_url,
                   error=str(e))
+    if redis_ok:
+        try:
+            await running.proxy.store.runs.check_layout()
+        except LegacyKeys:  # runs this version cannot read: refuse to serve rather than answer "no run"
+            await running.stop(0)
+            raise
     log.info("proxy listening", listen=listen, port=running.port, redis=redis_url, redis_ok=redis_ok,
              bucket=bucket_url or None, auth=bool(token), tls=bool(tls_cert),
              startup_ms=round((time.monotonic() - started) * 1000))

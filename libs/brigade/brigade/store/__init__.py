@@ -19,7 +19,7 @@ State of a run (keys from `brigade.keys.RunKeys`):
 - `rollouts`: stream with group `keys.LEARNER_GROUP`; one entry per completed batch (`batch`,
   `version`, `worker`, `m` = RolloutManifest bytes). Acked entries are XDELed, so `XLEN rollouts` =
   completed but not yet acked by the learner.
-- `leases:{id}`: hash worker, batch, attempt, version, deadline_ms (+ `expired` / `revoked`
+- `leases:<id>`: hash worker, batch, attempt, version, deadline_ms (+ `expired` / `revoked`
   flags once the janitor took it back; kept a while so the worker learns why).
 - terminal states of a batch: `consumed` (set), `rejected` (hash batch -> reason), `deadletter`
   (stream). `completed` (set) holds every batch that was ever completed: it makes completion
@@ -31,8 +31,10 @@ permutation seeded by (spec.seed, epoch), so any proxy replica rebuilds the same
 
 Every multi-key mutation is one Lua script (lua/*.lua, registered once, run with EVALSHA): cutting
 a batch, granting, heartbeating, completing, failing, expiring, revoking and removing stale
-manifests are atomic with respect to each other, whatever the number of proxy replicas. Scripts
-build lease keys from a prefix, so this targets a standalone Redis (or one shard), not Redis Cluster.
+manifests are atomic with respect to each other, whatever the number of proxy replicas. A script
+touches the keys of one run only, which share a hash slot (the `{run}` tag of `brigade.keys`), so the
+same scripts run on one Redis and on Redis Cluster; lease keys built from a prefix inside a script
+are in that slot too. The run index is global and has a script of its own (register_run).
 
 Attempts and max_attempts: every requeue gets attempt + 1 (a new seed and a new rollout key),
 but only failures count toward `max_attempts`: FailLease(ERROR), lease expiry (a silent death may
@@ -43,7 +45,7 @@ a spot reclaim says nothing about the batch.
 from __future__ import annotations
 
 from brigade.redis_clients import async_client
-from brigade.resp import PipelinedRedis
+from brigade.resp import pipelined_client
 from brigade.store.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, StoreError
 from brigade.store.learner import MAX_BLOCK_MS, Learner
 from brigade.store.leases import Leases
@@ -62,8 +64,9 @@ class Store:
     Three redis-py pools (`brigade.redis_clients`, socket timeouts fit for each): `redis` serves
     short commands; `blocking` serves WatchRun's long polls; `pulls` is reserved for PullRollouts,
     so no number of watchers can starve the learner, and neither starves leases. The scripts
-    (every lease operation) go over one auto-pipelined connection (`brigade.resp`) when
-    `pipelined` and the URL allow, else through redis-py."""
+    (every lease operation) go over one auto-pipelined connection (`brigade.resp`; one per master
+    on Redis Cluster) when `pipelined` and the URL allow, else through redis-py. A
+    `redis+cluster://` URL makes every client a cluster client (`brigade.redis_clients`)."""
 
     def __init__(self, redis_url: str, *, max_connections: int = 128, blocking_connections: int = 256,
                  pull_connections: int = 32, pipelined: bool = True):
@@ -72,7 +75,7 @@ class Store:
         self.redis = async_client(redis_url, max_connections)
         self.blocking = async_client(redis_url, blocking_connections, block_s)
         self.pulls = async_client(redis_url, pull_connections, block_s)
-        self.fast = PipelinedRedis(redis_url) if pipelined and PipelinedRedis.supports(redis_url) else None
+        self.fast = pipelined_client(redis_url) if pipelined else None
         self.scripts = scripts = Scripts(self.redis, self.fast)
         self.runs = Runs(self.redis, scripts)
         self.leases = Leases(self.runs, scripts)
@@ -85,7 +88,9 @@ class Store:
             await self.fast.close()
         for client in (self.redis, self.blocking, self.pulls):
             await client.aclose()
-            await client.connection_pool.disconnect()
+            pool = getattr(client, "connection_pool", None)  # a cluster client closed its nodes' pools
+            if pool is not None:
+                await pool.disconnect()
 
     async def ping(self) -> bool:
         return bool(await self.redis.ping())

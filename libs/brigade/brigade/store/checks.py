@@ -76,6 +76,8 @@ WIRE_BOUNDS: dict[str, Bound] = {
     "PullRolloutsRequest.learner_id": _id("a learner id"),
     "AckRolloutsRequest.learner_id": _id("a learner id"),
     "WatchRunRequest.after_id": _id("an event id"),
+    "ListRunsRequest.page_token": Bound(2 * MAX_ID_CHARS, "the previous page's next_page_token", printable=True),
+    "ListRunsRequest.page_size": Bound(MAX_RUNS, "runs per page (0 = 100)", unit=""),
     "RolloutManifest.batch_id": _id("a batch id"),
     # the worker's self-description, kept per worker and shown by `ctl workers`
     **{f"{m}.{f}": _label(f"a worker's {f}") for m in ("AcquireLeaseRequest", "RolloutManifest")

@@ -37,3 +37,8 @@ BY_KIND = {
     "exists": AlreadyExists,
     "exhausted": ResourceExhausted,
 }
+
+
+class LegacyKeys(RuntimeError):
+    """This Redis holds runs in the key layout before hash tags (Runs.check_layout): not a refusal of
+    one request but a deployment to migrate, so services refuse to start on it."""

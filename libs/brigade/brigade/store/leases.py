@@ -3,6 +3,7 @@ trainer (topology local_sgd) does with a round of them: submit them with its con
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -86,6 +87,9 @@ class Leases:
                                            retry_after_ms=_retry_after_ms(reason, int(values[0]), ri))
         lease_id, batch_id = text(values[0]), text(values[1])
         attempt, version, deadline_ms = int(values[2]), int(values[3]), int(values[4])
+        epoch = keys.parse_batch_id(batch_id)[1]
+        if not ri.has_permutation(epoch):  # a new epoch: shuffling a million prompts takes 0.5 s, off the loop
+            await asyncio.to_thread(ri.permutation, epoch)
         return pb.AcquireLeaseResponse(granted=True, lease=pb.Lease(
             lease_id=lease_id, run_id=run, batch=ri.batch(batch_id), adapter_version=version,
             adapter_uri=adapter_uri(run, version), seed=keys.batch_seed(run, batch_id, attempt),

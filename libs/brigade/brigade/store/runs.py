@@ -23,7 +23,7 @@ import structlog
 from brigade import keys
 from brigade.spec import RUN_ID_RE
 from brigade.store.checks import MAX_RUNS, MAX_WORKERS_PER_RUN, check_id, check_run_spec, short
-from brigade.store.errors import AlreadyExists, FailedPrecondition, NotFound
+from brigade.store.errors import AlreadyExists, FailedPrecondition, InvalidArgument, LegacyKeys, NotFound
 from brigade.store.scripts import Scripts, text
 from brigade.v1 import brigade_pb2 as pb
 
@@ -81,6 +81,9 @@ class RunInfo:
                 self._perms.popitem(last=False)
         return perm
 
+    def has_permutation(self, epoch: int) -> bool:
+        return epoch in self._perms
+
     def batch(self, batch_id: str) -> pb.PromptBatch:
         """The batch's prompts; needs them loaded (Runs.load_prompts)."""
         _, epoch, index = keys.parse_batch_id(batch_id)
@@ -105,13 +108,32 @@ class Runs:
         self._cache: dict[str, RunInfo] = {}
 
     async def ids(self) -> list[str]:
-        """The runs of this Redis. One whose id is not a valid run id (stored before ids were
-        checked whole) is logged and skipped: it must not make ListRuns fail for everyone."""
-        found = sorted(text(r) for r in await self.redis.smembers(keys.RUNS_SET))
+        """Every run of this Redis, in byte order (at most MAX_RUNS)."""
+        return (await self.page("", MAX_RUNS))[0]
+
+    async def page(self, token: str = "", limit: int = 100) -> tuple[list[str], str]:
+        """Up to `limit` run ids in byte order, from the first ('' token) or after the page `token`
+        ends, and the token of the next page ('' = this was the last): the hex of the last id read,
+        valid or not. One whose id is not a valid run id (stored before ids were checked whole) is
+        logged and skipped: it must not make ListRuns fail for everyone."""
+        try:
+            start = "(" + bytes.fromhex(token).decode() if token else "-"
+        except ValueError:
+            raise InvalidArgument("page_token is not one ListRuns answered; start with an empty one") from None
+        found = [text(r) for r in await self.redis.zrangebylex(keys.RUN_INDEX, start, "+", 0, limit)]
         bad = [r for r in found if not RUN_ID_RE.fullmatch(r)]
         if bad:
             log.warning("invalid_run_ids_skipped", run_ids=[short(r) for r in bad[:10]], count=len(bad))
-        return [r for r in found if RUN_ID_RE.fullmatch(r)]
+        return [r for r in found if RUN_ID_RE.fullmatch(r)], found[-1].encode().hex() if len(found) == limit else ""
+
+    async def check_layout(self) -> None:
+        """LegacyKeys when this Redis holds runs in the key layout before hash tags, which this
+        version does not read: `brigade migrate-keys` moves them."""
+        if await self.redis.exists(keys.LEGACY_RUNS_SET):
+            n = await self.redis.scard(keys.LEGACY_RUNS_SET)
+            raise LegacyKeys(f"this Redis holds {n} run(s) in the key layout before hash tags "
+                             f"({keys.LEGACY_RUNS_SET}, brigade:<run>:*), which this version does not read; stop "
+                             "every brigade service and run `brigade migrate-keys --redis-url URL` once")
 
     async def get(self, run: str) -> RunInfo:
         """The cached spec of `run` (prompts not loaded); NotFound with the known runs if there is none."""
@@ -125,7 +147,7 @@ class Runs:
             p.llen(k.prompts)
             spec_bytes, num_prompts = await p.execute()
         if not spec_bytes:
-            known = await self.ids()
+            known, _ = await self.page("", 21)
             shown = ", ".join(known[:20]) + (", ..." if len(known) > 20 else "") if known else "none"
             raise NotFound(f"no run {short(run)} (known: {shown})")
         info = self._cache.setdefault(run, RunInfo(pb.RunSpec.FromString(spec_bytes), spec_bytes,
@@ -165,6 +187,8 @@ class Runs:
         if existing is None:
             if encoded is None:
                 encoded = await asyncio.to_thread(lambda: [x.SerializeToString(deterministic=True) for x in prompts])
+            # listed first: a run that exists is always in the index (the janitor sweeps what is listed)
+            await self.scripts.register_run(index=keys.RUN_INDEX, run=run, max_runs=MAX_RUNS)
             # the prompts may be many MB: staged in batches, then renamed in place by the script; one
             # round trip per STAGE_CHUNK prompts, so packing a million of them never holds the event loop
             staged = f"{k.prompts}:tmp:{uuid.uuid4().hex}"
@@ -174,8 +198,8 @@ class Runs:
                         p.rpush(staged, *encoded[i:i + 1000])
                     p.pexpire(staged, 600_000)  # from the first push on: a push refused half-way leaves no orphan
                     await p.execute()
-            outcome, *rest = await self.scripts.create_run(
-                k, staged=staged, runs=keys.RUNS_SET, spec_bytes=spec_bytes, run=run, now=int(time.time() * 1000), max_runs=MAX_RUNS)
+            outcome, *rest = await self.scripts.create_run(k, staged=staged, spec_bytes=spec_bytes,
+                                                           now=int(time.time() * 1000))
             if text(outcome) == "created":
                 self._cache[run] = RunInfo(spec, spec_bytes, list(encoded))
                 return True

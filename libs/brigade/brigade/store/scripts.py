@@ -34,16 +34,20 @@ from importlib import resources
 import redis.asyncio as aioredis
 
 from brigade import keys
-from brigade.resp import PipelinedRedis, ReplyError
+from brigade.resp import ClusterPipelinedRedis, PipelinedRedis, ReplyError
 from brigade.store.errors import BY_KIND
 
-EVENTS_MAXLEN = 10_000  # the events stream is capped (approximately) at this many entries
+EVENTS_MAXLEN = 10_000    # the events stream is capped (approximately) at this many entries
+DEADLETTER_KEPT = 10_000  # so is the dead-letter stream (stats.deadlettered counts every one)
+ADAPTERS_KEPT = 10_000    # adapter manifests (and evaluator results) of the newest versions kept in Redis
 
 # Python values the scripts see as Lua constants (substituted at load time, so one definition)
 CONSTANTS = {
     "WORK_GROUP": keys.WORK_GROUP,
     "LEARNER_GROUP": keys.LEARNER_GROUP,
     "EVENTS_MAXLEN": EVENTS_MAXLEN,
+    "DEADLETTER_KEPT": DEADLETTER_KEPT,
+    "ADAPTERS_KEPT": ADAPTERS_KEPT,
     "BATCH_ID_FORMAT": keys.BATCH_ID_FORMAT,
 }
 
@@ -152,7 +156,7 @@ class Script:
     """One script, run with EVALSHA: over the pipelined hot-path connection when there is one,
     else through redis-py. Loaded into Redis on first NOSCRIPT (after a restart or a flush)."""
 
-    def __init__(self, name: str, client: aioredis.Redis, fast: PipelinedRedis | None):
+    def __init__(self, name: str, client: aioredis.Redis, fast: PipelinedRedis | ClusterPipelinedRedis | None):
         own = read_source(name)
         self.name = name
         self.declaration = Declaration.parse(name, own)
@@ -174,18 +178,19 @@ class Script:
         fast = self._fast
         if fast is None:
             return await self._script(keys=ks, args=args)
+        key = ks[0]  # on a cluster: the slot, so the node, of every key of the call
         try:
-            return await fast.execute("EVALSHA", self.sha, len(ks), *ks, *args)
+            return await fast.execute("EVALSHA", self.sha, len(ks), *ks, *args, key=key)
         except ReplyError as e:
             if not str(e).startswith("NOSCRIPT"):
                 raise
-        await fast.execute("SCRIPT", "LOAD", self.source)
-        return await fast.execute("EVALSHA", self.sha, len(ks), *ks, *args)
+        await fast.execute("SCRIPT", "LOAD", self.source, key=key)
+        return await fast.execute("EVALSHA", self.sha, len(ks), *ks, *args, key=key)
 
 
 class Scripts:
     """Every script of `lua/`, loaded once per store: `scripts.acquire(work=..., worker=...)`."""
 
-    def __init__(self, client: aioredis.Redis, fast: PipelinedRedis | None):
+    def __init__(self, client: aioredis.Redis, fast: PipelinedRedis | ClusterPipelinedRedis | None):
         for name in script_names():
             setattr(self, name, Script(name, client, fast))

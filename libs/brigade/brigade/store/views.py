@@ -46,6 +46,7 @@ class Views:
             p.xlen(k.contributions)
             cursor, work_len, pending, rollouts_len, consumed, stats, latest, step, dead, contributions = await p.execute()
         stats = {text(a): number(b) for a, b in stats.items()}
+        consumed += stats.get("consumed_compacted", 0)  # ids of finished epochs left the set (compact.lua)
         leased = int(pending["pending"]) if pending else 0
         cut = number(cursor)
         step_n = number(step)
@@ -56,7 +57,7 @@ class Views:
             spec=info.spec, latest_version=number(latest), learner_step=step_n, batches_created=cut,
             queued=max(0, work_len - leased), leased=leased, completed=rollouts_len, consumed=consumed,
             rejected=stats.get("rejected", 0), revoked=stats.get("revoked", 0), expired=stats.get("expired", 0),
-            deadlettered=dead, stale_removed=stats.get("stale_removed", 0),
+            deadlettered=max(dead, stats.get("deadlettered", 0)), stale_removed=stats.get("stale_removed", 0),
             duplicates=stats.get("duplicates", 0), created_ms=stats.get("created_ms", 0),
             num_prompts=info.num_prompts, finished=finished, contributions=contributions,
         )

@@ -646,14 +646,20 @@ class RunState(_message.Message):
     def __init__(self, spec: _Optional[_Union[RunSpec, _Mapping]] = ..., latest_version: _Optional[int] = ..., learner_step: _Optional[int] = ..., batches_created: _Optional[int] = ..., queued: _Optional[int] = ..., leased: _Optional[int] = ..., completed: _Optional[int] = ..., consumed: _Optional[int] = ..., rejected: _Optional[int] = ..., revoked: _Optional[int] = ..., expired: _Optional[int] = ..., deadlettered: _Optional[int] = ..., stale_removed: _Optional[int] = ..., duplicates: _Optional[int] = ..., created_ms: _Optional[int] = ..., num_prompts: _Optional[int] = ..., finished: _Optional[bool] = ..., contributions: _Optional[int] = ...) -> None: ...
 
 class ListRunsRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("page_size", "page_token")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListRunsResponse(_message.Message):
-    __slots__ = ("runs",)
+    __slots__ = ("runs", "next_page_token")
     RUNS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     runs: _containers.RepeatedCompositeFieldContainer[RunState]
-    def __init__(self, runs: _Optional[_Iterable[_Union[RunState, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, runs: _Optional[_Iterable[_Union[RunState, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class WatchRunRequest(_message.Message):
     __slots__ = ("run_id", "after_id", "from_start")

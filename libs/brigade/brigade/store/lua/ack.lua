@@ -10,21 +10,26 @@
 -- ahead (2^64 - 1) would otherwise finish the run for good. The first bound lets a learner repair a
 -- Redis that lost the completions of batches it trained (acked one commit at a time); the second,
 -- a Redis that lost many step acks but kept the batches. Checked before anything changes.
+-- A batch of a compacted epoch (common.lua) already has its fate: acking it again changes nothing.
 local ids = A.ids
 local nd, nc = tonumber(A.n_deliveries), tonumber(A.n_consumed)
+local old = {}
 for i = nd + 1, #ids do
-  if redis.call('SISMEMBER', K.completed, ids[i]) == 0 then
+  if compacted(K.stats, ids[i]) then
+    old[ids[i]] = true
+  elseif redis.call('SISMEMBER', K.completed, ids[i]) == 0 then
     return refuse('invalid', 'batch ' .. ids[i] .. ' was never completed in this run')
   end
 end
 local step = tonumber(A.step)
 local new = {}
 for i = nd + 1, nd + nc do
-  if redis.call('SISMEMBER', K.consumed, ids[i]) == 0 and redis.call('HEXISTS', K.rejected, ids[i]) == 0 then
+  if not old[ids[i]] and redis.call('SISMEMBER', K.consumed, ids[i]) == 0
+     and redis.call('HEXISTS', K.rejected, ids[i]) == 0 then
     new[ids[i]] = true
   end
 end
-local will_consume = redis.call('SCARD', K.consumed)
+local will_consume = redis.call('SCARD', K.consumed) + tonumber(redis.call('HGET', K.stats, 'consumed_compacted') or '0')
 for _ in pairs(new) do will_consume = will_consume + 1 end
 local reachable = math.max(math.floor(will_consume / tonumber(A.batches_per_step)),
                            tonumber(redis.call('GET', K.learner_step) or '0') + tonumber(A.max_advance))
@@ -41,12 +46,13 @@ for i = 1, nd do
 end
 local consumed, rejected = 0, 0
 for i = nd + 1, nd + nc do
-  if redis.call('HEXISTS', K.rejected, ids[i]) == 0 then
+  if new[ids[i]] then
     consumed = consumed + redis.call('SADD', K.consumed, ids[i])
   end
 end
 for i = nd + nc + 1, #ids do
-  if redis.call('SISMEMBER', K.consumed, ids[i]) == 0 and redis.call('HSETNX', K.rejected, ids[i], 'learner') == 1 then
+  if not old[ids[i]] and redis.call('SISMEMBER', K.consumed, ids[i]) == 0
+     and redis.call('HSETNX', K.rejected, ids[i], 'learner') == 1 then
     rejected = rejected + 1
     redis.call('HINCRBY', K.stats, 'rejected', 1)
   end

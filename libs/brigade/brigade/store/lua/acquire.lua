@@ -1,6 +1,6 @@
 -- Grant a lease: work that came back first, else cut the next batch (admission and the sync
 -- barrier permitting).
--- KEYS: work rollouts cursor adapter_latest learner_step workers stats events
+-- KEYS: work rollouts cursor adapter_latest learner_step workers stats events lease_deadlines lease_versions
 -- ARGV: worker lease_prefix lease_ms batches_per_epoch total_batches capacity batches_per_step sync
 -- ARGV: max_steps run worker_info lease_ttl_ms max_workers
 -- Reply: {'ok', 'granted', lease id, batch, attempt, version, deadline_ms}
@@ -54,6 +54,9 @@ local lk = A.lease_prefix .. id
 redis.call('HSET', lk, 'worker', worker, 'batch', batch, 'attempt', fmt(attempt), 'version', fmt(latest),
            'deadline_ms', fmt(deadline), 'granted_ms', fmt(now))
 redis.call('PEXPIRE', lk, A.lease_ttl_ms)
+-- the janitor finds expired and stale leases through these, without reading every lease
+redis.call('ZADD', K.lease_deadlines, deadline, id)
+redis.call('ZADD', K.lease_versions, latest, id)
 redis.call('HINCRBY', K.workers, 'granted:' .. worker, 1)
 redis.call('HSET', K.workers, 'seen:' .. worker, fmt(now))
 if redis.call('HSET', K.workers, 'info:' .. worker, A.worker_info) == 1 then

@@ -1,11 +1,11 @@
 -- Turn a lease into a completed manifest on `rollouts`, exactly once per batch.
--- KEYS: lease work rollouts completed stats workers events
+-- KEYS: lease work rollouts completed stats workers events lease_deadlines lease_versions
 -- ARGV: lease_id worker batch attempt policy_version manifest
 -- Reply: {'ok', 'completed', delivery id} | {'ok', 'duplicate'} | {'err', kind, message}
 local id, worker, mbatch = A.lease_id, A.worker, A.batch
 local h = redis.call('HMGET', K.lease, 'worker', 'batch', 'attempt', 'version', 'expired', 'revoked')
 if not h[1] then
-  if redis.call('SISMEMBER', K.completed, mbatch) == 1 then
+  if redis.call('SISMEMBER', K.completed, mbatch) == 1 or compacted(K.stats, mbatch) then
     redis.call('HINCRBY', K.stats, 'duplicates', 1)
     return {'ok', 'duplicate'}
   end
@@ -25,11 +25,12 @@ if h[4] ~= A.policy_version then
                 ' does not match the leased adapter version ' .. h[4])
 end
 local pending = pending_for(K.work, id, worker)
-if redis.call('SISMEMBER', K.completed, mbatch) == 1 then
+if redis.call('SISMEMBER', K.completed, mbatch) == 1 or compacted(K.stats, mbatch) then
   if pending and not h[5] and not h[6] then
     redis.call('XACK', K.work, WORK_GROUP, id)
     redis.call('XDEL', K.work, id)
     redis.call('DEL', K.lease)
+    unindex(K.lease_deadlines, K.lease_versions, id)
   end
   redis.call('HINCRBY', K.stats, 'duplicates', 1)
   return {'ok', 'duplicate'}
@@ -46,6 +47,7 @@ local rid = redis.call('XADD', K.rollouts, '*', 'batch', mbatch, 'version', A.po
                        'm', A.manifest)
 redis.call('SADD', K.completed, mbatch)
 redis.call('DEL', K.lease)
+unindex(K.lease_deadlines, K.lease_versions, id)
 redis.call('HINCRBY', K.stats, 'completed', 1)
 redis.call('HINCRBY', K.workers, 'completed:' .. worker, 1)
 redis.call('HSET', K.workers, 'seen:' .. worker, fmt(now))

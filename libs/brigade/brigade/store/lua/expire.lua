@@ -1,23 +1,26 @@
--- Requeue (or dead-letter) up to `count` leases idle for `min_idle_ms`, taking them over with
--- XAUTOCLAIM under the consumer name 'janitor'.
--- KEYS: work deadletter stats events
--- ARGV: min_idle_ms cursor count max_attempts lease_prefix keep_ms
+-- Requeue (or dead-letter) up to `count` leases whose deadline has passed (not heartbeated for
+-- lease_seconds), found through the deadline index, so a sweep reads only what expired, however
+-- many leases are in flight. `grace_ms` moves the cut: a lease expires when deadline <= now + grace
+-- (0 for the janitor; tests pass lease_ms to expire a lease at once).
+-- KEYS: work deadletter stats events lease_deadlines lease_versions
+-- ARGV: grace_ms count max_attempts lease_prefix keep_ms
 -- FLAGS: allow-oom
--- Reply: {'ok', next cursor ('' = done), expired, dead-lettered}
-local start = A.cursor
-if start == '' then start = '0-0' end
-local res = redis.call('XAUTOCLAIM', K.work, WORK_GROUP, 'janitor', A.min_idle_ms, start, 'COUNT', A.count)
+-- Reply: {'ok', 'more' | '' (done), expired, dead-lettered}
 local now = now_ms()
+local count = tonumber(A.count)
+local due = redis.call('ZRANGEBYSCORE', K.lease_deadlines, '-inf', now + tonumber(A.grace_ms), 'LIMIT', 0, count)
 local expired, dead = 0, 0
-for _, e in ipairs(res[2]) do
-  local id = e[1]
-  if not e[2] then
-    redis.call('XACK', K.work, WORK_GROUP, id)   -- Redis < 7: entry deleted but still pending
-  else
-    local f = tomap(e[2])
+for _, id in ipairs(due) do
+  unindex(K.lease_deadlines, K.lease_versions, id)
+  local p = redis.call('XPENDING', K.work, WORK_GROUP, id, id, 1)
+  local e = redis.call('XRANGE', K.work, id, id)
+  if #p > 0 and not e[1] then
+    redis.call('XACK', K.work, WORK_GROUP, id)   -- entry deleted but still pending: nothing to requeue
+  elseif #p > 0 then
+    local f = tomap(e[1][2])
     local lk = A.lease_prefix .. id
-    local worker = redis.call('HGET', lk, 'worker') or ''
-    if worker ~= '' then
+    local worker = redis.call('HGET', lk, 'worker') or p[1][2]
+    if redis.call('EXISTS', lk) == 1 then
       redis.call('HSET', lk, 'expired', '1')
       redis.call('PEXPIRE', lk, A.keep_ms)
     end
@@ -30,6 +33,4 @@ for _, e in ipairs(res[2]) do
     if nxt == 0 then dead = dead + 1 end
   end
 end
-local nxt = res[1]
-if nxt == '0-0' then nxt = '' end
-return {'ok', nxt, expired, dead}
+return {'ok', #due >= count and 'more' or '', expired, dead}

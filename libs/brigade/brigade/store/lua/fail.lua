@@ -1,5 +1,5 @@
 -- A worker gives a lease back: requeue the batch, or dead-letter it after max_attempts failures.
--- KEYS: lease work deadletter stats events
+-- KEYS: lease work deadletter stats events lease_deadlines lease_versions
 -- ARGV: lease_id worker counted max_attempts reason kind
 -- FLAGS: allow-oom
 -- Reply: {'ok', next attempt (0 = dead-lettered)} | {'err', kind, message}
@@ -15,6 +15,7 @@ end
 local e = redis.call('XRANGE', K.work, id, id)
 local f = tomap(e[1] and e[1][2])
 redis.call('DEL', K.lease)
+unindex(K.lease_deadlines, K.lease_versions, id)
 if not f['batch'] then
   redis.call('XACK', K.work, WORK_GROUP, id)
   return refuse('failed_precondition', 'lease ' .. id .. ' has no work entry any more')

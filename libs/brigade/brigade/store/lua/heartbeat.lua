@@ -1,5 +1,5 @@
 -- Extend a lease, or say why it is no longer the worker's.
--- KEYS: lease work adapter_latest workers
+-- KEYS: lease work adapter_latest workers lease_deadlines
 -- ARGV: lease_id worker lease_ms lease_ttl_ms
 -- FLAGS: allow-oom
 -- Reply: {'ok', 'ok' | 'lost' | 'revoked', message, deadline_ms, latest version}
@@ -19,5 +19,6 @@ local now = now_ms()
 local deadline = now + tonumber(A.lease_ms)
 redis.call('HSET', K.lease, 'deadline_ms', fmt(deadline))
 redis.call('PEXPIRE', K.lease, A.lease_ttl_ms)
+redis.call('ZADD', K.lease_deadlines, deadline, id)
 redis.call('HSET', K.workers, 'seen:' .. worker, fmt(now))
 return {'ok', 'ok', '', deadline, latest}

@@ -1,5 +1,7 @@
 -- Record an adapter version (never overwritten) and move `adapter_latest` forward, never back.
--- KEYS: adapters adapter_latest events
+-- Redis keeps the newest ADAPTERS_KEPT versions' manifests (and their evaluator results): a version
+-- that old is far past any staleness cap, and the bucket keeps every version.
+-- KEYS: adapters adapter_latest events evals
 -- ARGV: version manifest uri step
 -- Reply: {'ok', latest version} | {'err', 'exists' | 'invalid', message}
 -- A new version is exactly latest + 1 (an older one may still be recorded, an identical one
@@ -17,6 +19,9 @@ if not old and tonumber(A.version) > latest + 1 then
 end
 if not old then
   redis.call('HSET', K.adapters, A.version, A.manifest)
+  local gone = fmt(tonumber(A.version) - ADAPTERS_KEPT)
+  redis.call('HDEL', K.adapters, gone)
+  redis.call('HDEL', K.evals, gone)
   if tonumber(A.version) > latest then
     latest = tonumber(A.version)
     redis.call('SET', K.adapter_latest, A.version)
