@@ -1,14 +1,16 @@
 -- topology local_sgd: complete every lease of a trainer's round at once and queue its contribution
 -- on `contributions` for the aggregator. All or nothing: one lease that is not the trainer's any
 -- more (expired, revoked, another worker's) refuses the whole contribution, and nothing changes.
--- KEYS: work contributions completed stats workers events
+-- KEYS: work contributions completed stats workers events lease_deadlines lease_versions
 -- ARGV: worker lease_prefix contribution base_version manifest n ids...
 -- Reply: {'ok', 'submitted', delivery id} | {'ok', 'duplicate'} | {'err', kind, message}
 -- ids: n lease ids, then the n batch ids they were granted for, in the same order.
 local worker, n, ids = A.worker, tonumber(A.n), A.ids
 -- a retry after a lost answer: the first try completed every batch (a batch is completed once)
 local done = 0
-for i = n + 1, 2 * n do done = done + redis.call('SISMEMBER', K.completed, ids[i]) end
+for i = n + 1, 2 * n do
+  if redis.call('SISMEMBER', K.completed, ids[i]) == 1 or compacted(K.stats, ids[i]) then done = done + 1 end
+end
 if done == n then
   redis.call('HINCRBY', K.stats, 'duplicates', 1)
   return {'ok', 'duplicate'}
@@ -34,6 +36,7 @@ for i = 1, n do
   redis.call('XACK', K.work, WORK_GROUP, ids[i])
   redis.call('XDEL', K.work, ids[i])
   redis.call('DEL', A.lease_prefix .. ids[i])
+  unindex(K.lease_deadlines, K.lease_versions, ids[i])
   redis.call('SADD', K.completed, ids[n + i])
 end
 local rid = redis.call('XADD', K.contributions, '*', 'contribution', A.contribution, 'version', A.base_version,
