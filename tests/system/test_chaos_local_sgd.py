@@ -4,8 +4,9 @@ merged twice, no contribution vanishes and no round is overwritten.
 A real run (chaos_support's System: redis-server with its append-only file, moto's S3 server, `brigade
 proxy`, `brigade janitor`, a bearer token) with `brigade aggregator` and 3 `brigade trainer` processes
 (M = 2 of K = 3, so some contributions arrive late and are down-weighted or dropped). While it runs,
-a trainer holding a round of leases is SIGKILLed every few seconds and replaced by a new one (a new
-id, as a new spot VM), and the aggregator is SIGKILLed the moment it logs a round as recorded (its
+a trainer holding a round of leases is SIGKILLed once the run has passed rounds 1, 3 and 5 (by
+progress, not by time: a fast machine gets the same kills) and replaced by a new one (a new id, as a
+new spot VM), and the aggregator is SIGKILLed the moment it logs a round as recorded (its
 adapter, publish and ack still to come), twice, and restarted. At the end:
 
 - every batch ever cut is in exactly one place: consumed, rejected, dead-lettered, queued or leased,
@@ -39,7 +40,7 @@ from brigade.v1 import brigade_pb2 as pb
 
 ROUNDS = 8
 TRAINERS = 3
-TRAINER_KILL_EVERY_S = 6.0
+TRAINER_KILL_ROUNDS = (1, 3, 5)     # a trainer holding its round's leases is SIGKILLed once the run passes each
 AGGREGATOR_KILL_VERSIONS = (2, 5)   # SIGKILLed when it logs this version's round as recorded
 TIMEOUT_S = 240
 
@@ -200,7 +201,7 @@ def test_chaos_local_sgd(tmp_path, one_torch_thread, capsys):
         system.start()
         assassin = AggregatorAssassin(system, AGGREGATOR_KILL_VERSIONS)
         assassin.start()
-        deadline, last_kill, trainer_kills = time.monotonic() + TIMEOUT_S, time.monotonic(), 0
+        deadline, kill_rounds, trainer_kills = time.monotonic() + TIMEOUT_S, list(TRAINER_KILL_ROUNDS), 0
         try:
             while system.services["aggregator"].alive() or assassin.killed.is_set():
                 assert time.monotonic() < deadline, f"the run did not finish in {TIMEOUT_S}s: {system.describe()}"
@@ -211,14 +212,13 @@ def test_chaos_local_sgd(tmp_path, one_torch_thread, capsys):
                     assassin.killed.clear()
                 busy = [n for n in system.worker_names() if system.services[n].alive()
                         and system.worker_ids[n] in system.lease_holders()]
-                # mid-round (it holds its round's leases), and not near the end: a replacement still
-                # loading when the run finishes only lengthens the test
-                if (time.monotonic() - last_kill > TRAINER_KILL_EVERY_S and len(busy) >= 2
-                        and system.learner_step() < ROUNDS - 2):
+                # mid-round: it holds its round's leases
+                if kill_rounds and busy and system.learner_step() >= kill_rounds[0]:
+                    kill_rounds.pop(0)
                     victim = rng.choice(busy)
                     system.kill(victim)
                     system.restart(victim)
-                    last_kill, trainer_kills = time.monotonic(), trainer_kills + 1
+                    trainer_kills += 1
                 time.sleep(0.05)
         finally:
             assassin.done.set()
@@ -233,4 +233,5 @@ def test_chaos_local_sgd(tmp_path, one_torch_thread, capsys):
     assert report["merged_twice"] == 0 and report["vanished"] == 0 and report["overwritten"] == 0
     assert report["records_derived"] == ROUNDS
     assert report["kills_by_service"].get("aggregator") == len(AGGREGATOR_KILL_VERSIONS)
-    assert trainer_kills >= 2 and report["kills_by_service"].get("trainer") == trainer_kills
+    assert not kill_rounds, f"the run ended before the trainer kills at rounds {kill_rounds}"
+    assert report["kills_by_service"].get("trainer") == trainer_kills == len(TRAINER_KILL_ROUNDS)

@@ -40,6 +40,16 @@ CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 AnyRedis = aioredis.Redis | RedisCluster
 
 
+def raise_if_cancelled() -> None:
+    """Raise CancelledError when this task has been asked to stop. redis-py wraps socket writes
+    and connects in asyncio.wait_for, which on Python 3.11 returns the result and drops a cancel
+    that arrives as the operation completes (fixed in 3.12); a loop of Redis calls that must end
+    when its task is cancelled (a WatchRun stream whose client left) calls this each turn."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 def is_cluster(url: str) -> bool:
     return urlparse(url).scheme in CLUSTER_SCHEMES
 

@@ -9,6 +9,7 @@ import redis.asyncio as aioredis
 from google.protobuf.message import DecodeError
 
 from brigade import keys
+from brigade.redis_clients import raise_if_cancelled
 from brigade.store.checks import METRICS_KEPT, check_id, check_stream_id
 from brigade.store.learner import MAX_BLOCK_MS
 from brigade.store.runs import Runs
@@ -150,6 +151,7 @@ class Views:
         block = max(1, min(block_ms, MAX_BLOCK_MS))
         while True:
             res = await self.blocking.xread({k.events: last}, count=500, block=block)
+            raise_if_cancelled()
             for _stream, entries in res or []:
                 for entry_id, fields in entries:
                     last = text(entry_id)
