@@ -40,15 +40,14 @@ from brigade.bucket import (
     Bucket,
     BucketError,
     CorruptObject,
-    CreateOnlyIgnored,
     ObjectExists,
     ObjectNotFound,
-    check_create_only,
     open_bucket,
+    probe_at_start,
 )
 from brigade.config import ConfigError
 from brigade.retry import Backoff, retry
-from brigade.rpc import PROXY_BACKOFF, ProxyClient, retry_unavailable
+from brigade.rpc import ProxyClient, retry_unavailable
 from brigade.service import until_signal
 from brigade.store.checks import MAX_METRICS_JSON, check_contribution_manifest
 from brigade.store.errors import InvalidArgument
@@ -378,8 +377,7 @@ async def serve(cfg: AggregatorConfig) -> signal.Signals | None:
     try:
         await bucket.ensure()
         # round records and versions are create-only: a store that ignores If-None-Match is refused (exit 2)
-        await retry(lambda: check_create_only(bucket, cfg.run), backoff=PROXY_BACKOFF, attempts=10,
-                    retryable=lambda e: isinstance(e, BucketError) and not isinstance(e, CreateOnlyIgnored))
+        await probe_at_start(bucket, cfg.run)
         spec = (await retry_unavailable("GetRun", lambda: client.runs.GetRun(pb.RunRef(run_id=cfg.run), timeout=30),
                                         cfg.proxy)).spec
         if spec.topology != "local_sgd":

@@ -34,15 +34,13 @@ from brigade import adapters, keys
 from brigade.bucket import (
     Bucket,
     BucketError,
-    CreateOnlyIgnored,
     ObjectExists,
     ObjectNotFound,
-    check_create_only,
     open_bucket,
+    probe_at_start,
 )
 from brigade.config import ConfigError
-from brigade.retry import retry
-from brigade.rpc import PROXY_BACKOFF, ProxyClient, retry_unavailable
+from brigade.rpc import ProxyClient, retry_unavailable
 from brigade.service import until_signal
 from brigade.spec_file import build_spec, spec_to_dict
 from brigade.store.checks import MAX_METRICS_JSON
@@ -437,8 +435,7 @@ async def serve(cfg: LearnerConfig) -> signal.Signals | None:
     try:
         await bucket.ensure()
         # CreateOnlyIgnored is a ConfigError: exit 2, one line; a store that hiccups is asked again
-        await retry(lambda: check_create_only(bucket, cfg.run), backoff=PROXY_BACKOFF, attempts=10,
-                    retryable=lambda e: isinstance(e, BucketError) and not isinstance(e, CreateOnlyIgnored))
+        await probe_at_start(bucket, cfg.run)
         spec = await ensure_run(client, cfg.proxy, cfg.run, cfg.spec_path)
         if spec.topology == "local_sgd":
             raise ConfigError(f"run {cfg.run} has topology local_sgd: it is trained by `brigade trainer` processes "

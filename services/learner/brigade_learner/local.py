@@ -42,10 +42,9 @@ from brigade.bucket import (
     Bucket,
     BucketError,
     CorruptObject,
-    CreateOnlyIgnored,
     ObjectExists,
-    check_create_only,
     open_bucket,
+    probe_at_start,
 )
 from brigade.config import ConfigError
 from brigade.datasets import prompt_value
@@ -55,7 +54,7 @@ from brigade.model import load_tokenizer
 from brigade.retry import retry
 from brigade.rewards import RewardCall, RewardSet, RqSandbox, TrainerState, reward_queue
 from brigade.rollout_format import Rollout, build_rollout
-from brigade.rpc import PROXY_BACKOFF, ProxyClient, retry_unavailable
+from brigade.rpc import ProxyClient, retry_unavailable
 from brigade.service import until_signal
 from brigade.v1 import brigade_pb2 as pb
 from brigade_learner.ingest import READ_BACKOFF, drop_nonfinite
@@ -340,8 +339,7 @@ async def serve(cfg: TrainerConfig) -> signal.Signals | None:
     rewards = None
     try:
         await bucket.ensure()
-        await retry(lambda: check_create_only(bucket, cfg.run), backoff=PROXY_BACKOFF, attempts=10,
-                    retryable=lambda e: isinstance(e, BucketError) and not isinstance(e, CreateOnlyIgnored))
+        await probe_at_start(bucket, cfg.run)
         spec = (await retry_unavailable("GetRun", lambda: client.runs.GetRun(
             pb.RunRef(run_id=cfg.run), timeout=RPC_TIMEOUT_S), cfg.proxy)).spec
         if spec.topology != "local_sgd":

@@ -12,7 +12,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from brigade.bucket.base import Bucket, BucketError, CorruptObject, ObjectExists, ObjectNotFound, sha256_hex
-from brigade.bucket.probe import CreateOnlyIgnored, check_create_only
+from brigade.bucket.probe import CreateOnlyIgnored, check_create_only, probe_at_start
 
 __all__ = [
     "Bucket",
@@ -22,6 +22,7 @@ __all__ = [
     "ObjectExists",
     "ObjectNotFound",
     "check_create_only",
+    "probe_at_start",
     "open_bucket",
     "sha256_hex",
 ]

@@ -14,6 +14,7 @@ import uuid
 from brigade import keys
 from brigade.bucket.base import Bucket, BucketError, ObjectExists
 from brigade.config import ConfigError
+from brigade.retry import Backoff, retry
 
 
 class CreateOnlyIgnored(BucketError, ConfigError):
@@ -38,3 +39,11 @@ async def check_create_only(bucket: Bucket, run: str) -> str:
         f"the bucket store {bucket.describe()} accepted a second create-only put (If-None-Match: *) of one key; "
         "brigade needs a store that refuses it (412), or versioned objects would be silently overwritten",
         key=key, uri=bucket.url(key))
+
+
+async def probe_at_start(bucket: Bucket, run: str, attempts: int = 10) -> str:
+    """check_create_only as a service runs it at start: asked again with backoff while the store
+    hiccups (any BucketError), never after a CreateOnlyIgnored (a ConfigError: exit 2, one line)."""
+    return await retry(lambda: check_create_only(bucket, run), backoff=Backoff(base_s=0.2, cap_s=5.0),
+                       attempts=attempts,
+                       retryable=lambda e: isinstance(e, BucketError) and not isinstance(e, CreateOnlyIgnored))
