@@ -12,8 +12,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from brigade import rewards
-from brigade.rewards import RewardCall, RewardRejected, RewardSet, RqSandbox, Scores, clean, math_reward
+from brigade import reward_builtins, rewards
+from brigade.reward_builtins import math_reward
+from brigade.rewards import RewardCall, RewardRejected, RewardSet, RqSandbox, Scores, clean
 
 # ---------------------------------------------------------------- functions used by reference below
 
@@ -113,7 +114,7 @@ def test_clean():
 
 
 def test_code_exec_reward(monkeypatch):
-    monkeypatch.setattr(rewards, "CODE_WALL_S", 2.0)
+    monkeypatch.setattr(reward_builtins, "CODE_WALL_S", 2.0)
     programs = [
         "```python\nprint(sum(range(5)))\n```",          # right
         "print(11)",                                     # wrong output
@@ -122,14 +123,14 @@ def test_code_exec_reward(monkeypatch):
         "x = bytearray(2 << 30)\nprint(10)",             # over the memory limit
     ]
     t0 = time.monotonic()
-    out = rewards.code_exec_reward(["p"] * 5, programs, None, answer=["10"] * 5)
+    out = reward_builtins.code_exec_reward(["p"] * 5, programs, None, answer=["10"] * 5)
     assert out == [1.0, 0.0, 0.0, 0.0, 0.0]
     assert time.monotonic() - t0 < 10
-    assert rewards.code_exec_reward(["p"], ["print(1)"], None, answer=[None]) == [None]
+    assert reward_builtins.code_exec_reward(["p"], ["print(1)"], None, answer=[None]) == [None]
 
 
 def test_run_python_timeout_kills_sleeper():
-    code, out = rewards.run_python("import time; print('a', flush=True); time.sleep(30)", timeout_s=0.5)
+    code, out = reward_builtins.run_python("import time; print('a', flush=True); time.sleep(30)", timeout_s=0.5)
     assert code is None and out == ""
 
 
