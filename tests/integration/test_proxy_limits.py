@@ -17,8 +17,8 @@ from brigade.rpc import KEEPALIVE_MS, channel_options, is_transient, server_opti
 from brigade.v1 import brigade_pb2 as pb
 from brigade.v1 import brigade_pb2_grpc as pbg
 from brigade_proxy import reflection
-from brigade_proxy.limits import MIB, Limits
 from brigade_proxy.calls import Slots, SlotsFull
+from brigade_proxy.limits import MIB, Limits
 
 LIMITS = Limits(max_streams=4, max_streams_per_client=2, max_prompts=400_000)
 AUTH = (("authorization", f"Bearer {PROXY_TOKEN}"),)
