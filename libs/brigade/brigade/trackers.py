@@ -4,7 +4,9 @@ One tracker run per brigade run, named by the run id, with the run spec as its c
 logs each committed step's metrics at step = its learner step; the evaluator logs its scores under
 `eval/` at the step of the adapter it scored. A restarted learner reopens the same tracker run and
 asks each tracker for the last step it holds, so a step replayed after a crash is not logged twice
-and none goes missing (a step is logged only once committed, and every committed step is replayed).
+and none goes missing: a step is logged only once committed, and a restart logs every committed
+step a tracker lacks from the bucket's `metrics/` objects (a SIGKILL can take the last records a
+tracker had not yet written, even of steps before the checkpoint it resumes from).
 
 Each tracker is an optional extra (`pip install 'brigade[wandb]'`); a missing one is named with its
 install hint once, at start, and the others still log.
@@ -168,6 +170,10 @@ class Trackers:
         self.last = {name: b.last_step() for name, b in backends.items()}
         if any(self.last.values()):
             log.info("trackers_resumed", last_logged_step=self.last)
+
+    def oldest_step(self) -> int:
+        """The newest step every tracker holds: a restart backfills the committed steps after it."""
+        return min(self.last.values(), default=0) if self.backends else -1
 
     def log_steps(self, metrics: Iterable[Mapping[str, Any]]) -> None:
         for m in metrics:

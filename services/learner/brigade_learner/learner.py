@@ -61,6 +61,16 @@ _TRAIN_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="train")
 
 log = structlog.get_logger()
 T = TypeVar("T")
+# a restart logs at most this many missing steps to its trackers (a GET each): enough for every kill,
+# bounded when a tracker is first turned on late in a long run
+MAX_TRACKER_BACKFILL = 1000
+
+
+def _metrics_step(key: str) -> int:
+    """The step of a `metrics/step-NNNNNNNN.json` key (-1 for anything else in that folder)."""
+    name = key.rsplit("/", 1)[-1]
+    digits = name.removeprefix("step-").removesuffix(".json")
+    return int(digits) if name.startswith("step-") and name.endswith(".json") and digits.isdigit() else -1
 
 
 def metrics_for_proxy(metrics: dict | None) -> str:
@@ -219,6 +229,7 @@ class Learner:
             files, quant_error = self.trainer.adapter_files(self.spec.adapter_payload, self.config_json)
             await adapters.write_version(self.bucket, self.run_id, s.version, s.step, files,
                                          self.spec.adapter_payload, quant_error)
+        await self._backfill_trackers(before=min((m["step"] for m in s.metrics), default=s.step + 1))
         await self._write_metrics(s.metrics)
         self._told = Told(s.step, s.version, s.ack, metrics_for_proxy(s.metrics[-1] if s.metrics else None))
         s.ack, s.metrics = PendingAck(), []
@@ -243,6 +254,27 @@ class Learner:
                     await self._ack([], [], [], step, await self._read_metrics(step))
             await self._send_ack(told)
             self.prefetch.repull()
+
+    async def _backfill_trackers(self, before: int) -> None:
+        """Log to the trackers the committed steps before `before` that one of them lacks, from the
+        bucket's metrics objects (a tracker's writer killed with the learner loses its last records)."""
+        held = self.trackers.oldest_step()
+        if held < 0 or held >= before - 1:
+            return
+        root = keys.metrics_key(self.run_id, 0).rsplit("/", 1)[0] + "/"
+        wanted = sorted(k for k in await self.bucket.list(root) if held < _metrics_step(k) < before)
+        if len(wanted) > MAX_TRACKER_BACKFILL:
+            log.warning("tracker_backfill_capped", missing=len(wanted), logged=MAX_TRACKER_BACKFILL)
+            wanted = wanted[-MAX_TRACKER_BACKFILL:]
+        metrics = []
+        for key in wanted:
+            try:
+                metrics.append(json.loads(await self.bucket.get(key)))
+            except (ObjectNotFound, ValueError) as e:  # one unreadable step costs that step's plot point
+                log.warning("tracker_backfill_skipped", key=key, error=str(e)[:200])
+        if metrics:
+            log.info("trackers_backfilled", steps=[m["step"] for m in metrics][:20], count=len(metrics))
+            self.trackers.log_steps(metrics)
 
     async def _read_metrics(self, step: int) -> str:
         try:
