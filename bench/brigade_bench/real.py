@@ -16,7 +16,11 @@ in the same run.
   same steps: wall clock, held-out accuracy of the base and of each final adapter, the learner's
   and a worker's peak RSS, and the control plane's CPU (proxy, janitor, Redis, the evaluator idle
   between its jobs) as a share of one core over the training window (target < 5 %).
-  async_over_sync_speedup = sync wall / async wall to the same number of steps.
+  Then each run's held-out curve: the accuracy of every `curve_every`-th published version (and
+  the last), scored after the runs on one engine with the same seeds, against the wall clock at
+  which the learner published it (from the launch of `brigade up`). The target is the best accuracy
+  both runs reached; async_over_sync_speedup = sync's time to the target / async's time to it
+  (async_over_sync_step_speedup: seconds per step, sync / async).
 
 Every figure measured on a shared 2-core machine moves with the neighbours' load: the load average
 is part of the result.
@@ -34,8 +38,8 @@ import threading
 import time
 from pathlib import Path
 
-FULL = dict(steps=30, rounds=5, eval_samples=4)
-QUICK = dict(steps=3, rounds=2, eval_samples=1)
+FULL = dict(steps=30, rounds=5, eval_samples=4, curve_every=3)
+QUICK = dict(steps=3, rounds=2, eval_samples=1, curve_every=1)
 CONTROL_PLANE = ("proxy", "janitor", "redis-server", "evaluator")
 
 
@@ -231,6 +235,7 @@ def up_run(args: list[str], out: Path, env: dict | None = None) -> tuple[dict, l
     summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else {}
     metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()] \
         if (out / "metrics.jsonl").exists() else []
+    summary["launched_unix"] = launched
     if metrics:
         summary["startup_s"] = round(metrics[0]["time_unix"] - launched, 2)
     return summary, metrics, watch, code
@@ -265,10 +270,44 @@ def recipe_run(root: Path, sync: bool, steps: int) -> dict:
         for role in CONTROL_PLANE:
             f = watch.cpu_fraction((role,), t0, t1)
             out[f"cpu_frac_{role.replace('-', '_')}"] = round(f, 4) if f is not None else None
+    # when each version became servable, counted from the launch: the x axis of the held-out curve
+    out["published_s"] = {int(m["version"]): round(m["time_unix"] - summary["launched_unix"], 1)
+                          for m in metrics if m.get("version") and "time_unix" in m}
     out["version"] = int(summary.get("adapter_versions") or 0)
     out["bucket"] = f"file://{folder / 'run' / 'bucket'}"
     out["run"] = f"bench-real-{name}"
     return out
+
+
+def heldout_curve(spec, engine, r: dict, cfg: dict) -> dict[int, float]:
+    """version -> held-out accuracy for every `curve_every`-th version of a finished run and its last."""
+    from brigade_cli.real import final_adapter, heldout_accuracy
+
+    if not r["version"]:
+        return {}
+    versions = sorted({*range(cfg["curve_every"], r["version"] + 1, cfg["curve_every"]), r["version"]})
+    states = {v: final_adapter(r["bucket"], r["run"], v) for v in versions}
+    return heldout_accuracy(spec, states, samples=cfg["eval_samples"], engine=engine)
+
+
+def time_to_target(curve_async: dict[int, float], curve_sync: dict[int, float],
+                   published_async: dict[int, float], published_sync: dict[int, float]) -> dict:
+    """The best held-out accuracy both runs reached, and the seconds from launch at which each
+    first published a version scoring at least that (the curve's points only: its resolution is
+    `curve_every` versions)."""
+    if not curve_async or not curve_sync:
+        return {"target_heldout": None, "async_time_to_target_s": None, "sync_time_to_target_s": None,
+                "async_over_sync_speedup": None}
+    target = min(max(curve_async.values()), max(curve_sync.values()))
+
+    def first(curve, published):
+        v = min(v for v, x in curve.items() if x >= target)
+        return v, published.get(v)
+
+    (va, ta), (vs, ts) = first(curve_async, published_async), first(curve_sync, published_sync)
+    return {"target_heldout": round(target, 4), "async_version_at_target": va, "sync_version_at_target": vs,
+            "async_time_to_target_s": ta, "sync_time_to_target_s": ts,
+            "async_over_sync_speedup": round(ts / ta, 3) if ta and ts else None}
 
 
 def run(quick: bool = False) -> dict:
@@ -277,7 +316,7 @@ def run(quick: bool = False) -> dict:
     from brigade.engine.hf import HFEngine
     from brigade.model import resolve_model
     from brigade_bench.system import progress
-    from brigade_cli.real import final_adapter, heldout_accuracy
+    from brigade_cli.real import heldout_accuracy
 
     cfg = QUICK if quick else FULL
     torch.set_num_threads(1)
@@ -302,21 +341,21 @@ def run(quick: bool = False) -> dict:
         for sync in (False, True):
             progress("real", f"the recipe, {cfg['steps']} steps, {'sync' if sync else 'async'}")
             runs[sync] = recipe_run(root, sync, cfg["steps"])
-        progress("real", "held-out accuracy of the base and of both final adapters")
-        states = {0: None}
-        acc = {}
-        for sync, r in runs.items():
-            if r["version"]:
-                acc[sync] = heldout_accuracy(spec, {r["version"]: final_adapter(r["bucket"], r["run"], r["version"])},
-                                             samples=cfg["eval_samples"], engine=engine)[r["version"]]
-        base = heldout_accuracy(spec, states, samples=cfg["eval_samples"], engine=engine)[0]
+        progress("real", "held-out accuracy of the base and along both runs")
+        base = heldout_accuracy(spec, {0: None}, samples=cfg["eval_samples"], engine=engine)[0]
+        curves = {sync: heldout_curve(spec, engine, r, cfg) for sync, r in runs.items()}
     a, s = runs[False], runs[True]
+    reach = time_to_target(curves[False], curves[True], a["published_s"], s["published_s"])
+    final = {sync: c[max(c)] if c else float("nan") for sync, c in curves.items()}
     result |= {
-        "heldout_base": round(base, 4), "heldout_final": round(acc.get(False, float("nan")), 4),
-        "heldout_final_sync": round(acc.get(True, float("nan")), 4), "eval_samples_per_prompt": cfg["eval_samples"],
+        "heldout_base": round(base, 4), "heldout_final": round(final[False], 4),
+        "heldout_final_sync": round(final[True], 4), "eval_samples_per_prompt": cfg["eval_samples"],
+        "heldout_curve_async": {str(v): round(x, 4) for v, x in curves[False].items()},
+        "heldout_curve_sync": {str(v): round(x, 4) for v, x in curves[True].items()},
+        **reach,
         "steps": cfg["steps"], "async_wall_s": a["wall_s"], "sync_wall_s": s["wall_s"],
         "async_s_per_step": a.get("s_per_step"), "sync_s_per_step": s.get("s_per_step"),
-        "async_over_sync_speedup": round(s["s_per_step"] / a["s_per_step"], 3)
+        "async_over_sync_step_speedup": round(s["s_per_step"] / a["s_per_step"], 3)
         if a.get("s_per_step") and s.get("s_per_step") else None,
         "async_over_sync_wall_speedup": round(s["wall_s"] / a["wall_s"], 3) if a["wall_s"] and s["wall_s"] else None,
         "async_staleness_mean": a["staleness_mean"],
