@@ -87,8 +87,11 @@ async def test_unknown_run_lists_known(q):
     await new_run(q)
     with pytest.raises(NotFound, match=r"no run 'nope' \(known: ") as err:
         await q.leases.acquire("nope", "w")
-    # the message names the known runs (the first 20, sorted), however many earlier tests made
-    assert all(r in str(err.value) for r in (await q.runs.ids())[:20])
+    # the message names the first known runs (sorted), however many earlier tests made
+    assert all(r in str(err.value) for r in (await q.runs.ids())[:8])
+    run = await new_run(q)
+    with pytest.raises(NotFound, match=f"did you mean {run}"):  # a typo names the run meant
+        await q.leases.acquire(run[:-1], "w")
 
 
 # ---------------------------------------------------------------- batches

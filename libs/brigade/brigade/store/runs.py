@@ -9,6 +9,7 @@ and a million of those would make every full collection (a pause of the whole pr
 from __future__ import annotations
 
 import asyncio
+import difflib
 import hashlib
 import math
 import random
@@ -135,6 +136,16 @@ class Runs:
                              f"({keys.LEGACY_RUNS_SET}, brigade:<run>:*), which this version does not read; stop "
                              "every brigade service and run `brigade migrate-keys --redis-url URL` once")
 
+    async def _hint(self, run: str) -> str:
+        """The run ids closest to a missing one (a typo), else the first few: from one bounded page,
+        so a stream of lookups for missing runs costs Redis little however many runs it holds."""
+        known, more = await self.page("", 500)
+        if not known:
+            return "no run is known"
+        if close := difflib.get_close_matches(run, known, n=5, cutoff=0.6):
+            return "did you mean " + ", ".join(close)
+        return "known: " + ", ".join(known[:8]) + (", ...; `brigade ctl runs` lists them" if more or known[8:] else "")
+
     async def get(self, run: str) -> RunInfo:
         """The cached spec of `run` (prompts not loaded); NotFound with the known runs if there is none."""
         info = self._cache.get(run)
@@ -147,9 +158,7 @@ class Runs:
             p.llen(k.prompts)
             spec_bytes, num_prompts = await p.execute()
         if not spec_bytes:
-            known, _ = await self.page("", 21)
-            shown = ", ".join(known[:20]) + (", ..." if len(known) > 20 else "") if known else "none"
-            raise NotFound(f"no run {short(run)} (known: {shown})")
+            raise NotFound(f"no run {short(run)} ({await self._hint(run)})")
         info = self._cache.setdefault(run, RunInfo(pb.RunSpec.FromString(spec_bytes), spec_bytes,
                                                    num_prompts=int(num_prompts)))
         return info
