@@ -40,6 +40,7 @@ from pathlib import Path
 
 FULL = dict(steps=30, rounds=5, eval_samples=4, curve_every=3)
 QUICK = dict(steps=3, rounds=2, eval_samples=1, curve_every=1)
+FULL_REPEAT = 1  # a full run is two 30-step recipe runs and their held-out curves, about 25 min
 CONTROL_PLANE = ("proxy", "janitor", "redis-server", "evaluator")
 
 

@@ -90,7 +90,7 @@ def bench(
     repeat: int = typer.Option(0, "--repeat", min=0, show_default=False,
                                help="Run each benchmark N times in a row; every figure is then its median, with "
                                     "its worst run as <figure>_worst, and each run's load average is recorded "
-                                    "(default: 3 with --quick, else 5)."),
+                                    "(default: 3 with --quick, else 5; `real` runs once in full mode, ~25 min)."),
 ) -> None:
     """Run a benchmark; ratios compare with a baseline measured in the same run."""
     try:
@@ -99,16 +99,16 @@ def bench(
         typer.echo("brigade bench: the benchmarks (bench/ of a checkout) are not installed here; "
                    "`make install` or `pip install -e bench`", err=True)
         raise typer.Exit(2) from None
-    times = repeat or (3 if quick else 5)
     if name == "all":
         from brigade_bench.report import run_all
 
-        run_all(quick=quick, report_path=report or "bench/report.md", repeat=times)
+        run_all(quick=quick, report_path=report or "bench/report.md", repeat=repeat)
         return
     if name not in BENCHMARKS:
         raise typer.BadParameter(f"unknown benchmark {name!r}; choose from {', '.join(BENCHMARKS)} or all")
-    from brigade_bench.repeat import run_repeated, summarize
+    from brigade_bench.repeat import default_repeat, run_repeated, summarize
 
+    times = repeat or default_repeat(name, quick)
     result = summarize(run_repeated(name, quick, times))
     if not as_json:
         width = max(len(k) for k in result)
