@@ -81,7 +81,7 @@ real: $(VENV_OK)
 	.venv/bin/brigade real
 
 bench: $(VENV_OK)
-	.venv/bin/brigade bench all --repeat 5 --report bench/report.md
+	.venv/bin/brigade bench all --report bench/report.md
 
 chaos: $(VENV_OK)
 	BRIGADE_CHAOS_LONG=1 $(PY) -m pytest -q tests/system/test_chaos.py
