@@ -358,8 +358,11 @@ def run(quick: bool = False) -> dict:
     result |= {
         "heldout_base": round(base, 4), "heldout_final": round(final[False], 4),
         "heldout_final_sync": round(final[True], 4), "eval_samples_per_prompt": cfg["eval_samples"],
-        "heldout_curve_async": {str(v): round(x, 4) for v, x in curves[False].items()},
-        "heldout_curve_sync": {str(v): round(x, 4) for v, x in curves[True].items()},
+        # the curves, flat (the JSON is one flat object): heldout_async_v3, published_async_v3_s, ...
+        **{f"heldout_{name}_v{v}": round(x, 4) for name, sync in (("async", False), ("sync", True))
+           for v, x in curves[sync].items()},
+        **{f"published_{name}_v{v}_s": r["published_s"].get(v) for name, r in (("async", a), ("sync", s))
+           for v in curves[name == "sync"]},
         **reach,
         "steps": cfg["steps"], "async_wall_s": a["wall_s"], "sync_wall_s": s["wall_s"],
         "async_s_per_step": a.get("s_per_step"), "sync_s_per_step": s.get("s_per_step"),
