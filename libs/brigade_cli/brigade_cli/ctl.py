@@ -11,7 +11,9 @@ A connection or auth problem prints one line (what failed, what to check) and ex
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -403,8 +405,21 @@ def watch(
     async def tail(client: ProxyClient) -> None:
         last, start, seen = after, from_start, False
         down_since: float | None = None
-        while True:
+        # Ctrl-C cancels the stream call itself: cancelling the task that awaits a grpc.aio stream
+        # read was seen, rarely, to be lost, leaving `watch` waiting for an event that never came
+        stop, streams = asyncio.Event(), []
+
+        def interrupt() -> None:
+            stop.set()
+            for stream in streams:
+                cancel = getattr(stream, "cancel", None)
+                if cancel is not None:
+                    cancel()
+
+        asyncio.get_running_loop().add_signal_handler(signal.SIGINT, interrupt)
+        while not stop.is_set():
             stream = client.runs.WatchRun(pb.WatchRunRequest(run_id=run, after_id=last, from_start=start and not last))
+            streams[:] = [stream]
             try:
                 async for event in stream:
                     seen, last, down_since = True, event.id, None
@@ -416,7 +431,13 @@ def watch(
                     sys.stdout.write(line + "\n")
                     sys.stdout.flush()
                 return
+            except asyncio.CancelledError:
+                if stop.is_set():
+                    return
+                raise
             except grpc.aio.AioRpcError as e:
+                if stop.is_set():
+                    return
                 # the proxy restarted under a watch that was working: resume after the last event
                 if not seen or e.code() != grpc.StatusCode.UNAVAILABLE:
                     raise
@@ -427,7 +448,8 @@ def watch(
                 elif time.monotonic() - down_since > WATCH_GIVE_UP_S:
                     _fail(f"the proxy at {proxy} has not answered for {WATCH_GIVE_UP_S:.0f}s; the run may have "
                           f"ended (a local run's snapshot: brigade ctl status --run {run})")
-                await asyncio.sleep(1.0)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 1.0)
 
     try:
         call_proxy(proxy, token, tls_ca, tail)
