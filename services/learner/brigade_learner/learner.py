@@ -66,13 +66,6 @@ T = TypeVar("T")
 MAX_TRACKER_BACKFILL = 1000
 
 
-def _metrics_step(key: str) -> int:
-    """The step of a `metrics/step-NNNNNNNN.json` key (-1 for anything else in that folder)."""
-    name = key.rsplit("/", 1)[-1]
-    digits = name.removeprefix("step-").removesuffix(".json")
-    return int(digits) if name.startswith("step-") and name.endswith(".json") and digits.isdigit() else -1
-
-
 def metrics_for_proxy(metrics: dict | None) -> str:
     """A step's metrics as AckRollouts carries them: "" beyond the proxy's bound (the bucket keeps
     every step's full metrics either way)."""
@@ -261,13 +254,12 @@ class Learner:
         held = self.trackers.oldest_step()
         if held < 0 or held >= before - 1:
             return
-        root = keys.metrics_key(self.run_id, 0).rsplit("/", 1)[0] + "/"
-        wanted = sorted(k for k in await self.bucket.list(root) if held < _metrics_step(k) < before)
-        if len(wanted) > MAX_TRACKER_BACKFILL:
-            log.warning("tracker_backfill_capped", missing=len(wanted), logged=MAX_TRACKER_BACKFILL)
-            wanted = wanted[-MAX_TRACKER_BACKFILL:]
+        first = max(held + 1, before - MAX_TRACKER_BACKFILL)
+        if first > held + 1:
+            log.warning("tracker_backfill_capped", missing=before - held - 1, logged=MAX_TRACKER_BACKFILL)
         metrics = []
-        for key in wanted:
+        for step in range(first, before):  # every committed step wrote its metrics object
+            key = keys.metrics_key(self.run_id, step)
             try:
                 metrics.append(json.loads(await self.bucket.get(key)))
             except (ObjectNotFound, ValueError) as e:  # one unreadable step costs that step's plot point
