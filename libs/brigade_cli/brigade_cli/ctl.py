@@ -407,19 +407,16 @@ def watch(
         down_since: float | None = None
         # Ctrl-C cancels the stream call itself: cancelling the task that awaits a grpc.aio stream
         # read was seen, rarely, to be lost, leaving `watch` waiting for an event that never came
-        stop, streams = asyncio.Event(), []
+        stop, stream = asyncio.Event(), None
 
         def interrupt() -> None:
             stop.set()
-            for stream in streams:
-                cancel = getattr(stream, "cancel", None)
-                if cancel is not None:
-                    cancel()
+            if cancel := getattr(stream, "cancel", None):  # a finished run's snapshot has nothing to cancel
+                cancel()
 
         asyncio.get_running_loop().add_signal_handler(signal.SIGINT, interrupt)
         while not stop.is_set():
             stream = client.runs.WatchRun(pb.WatchRunRequest(run_id=run, after_id=last, from_start=start and not last))
-            streams[:] = [stream]
             try:
                 async for event in stream:
                     seen, last, down_since = True, event.id, None
