@@ -111,17 +111,22 @@ def summarize(runs: list[dict]) -> dict:
     return out
 
 
+def bench_module(name: str):
+    """The module of benchmark `name` (`sync-latency` -> brigade_bench.sync_latency)."""
+    return importlib.import_module(f"brigade_bench.{name.replace('-', '_')}")
+
+
 def default_repeat(name: str, quick: bool) -> int:
     """Runs of `name` when --repeat is not given: 3 with --quick, else 5, or fewer where the
     benchmark's module says its full run is long (`FULL_REPEAT`)."""
     if quick:
         return 3
-    return getattr(importlib.import_module(f"brigade_bench.{name.replace('-', '_')}"), "FULL_REPEAT", 5)
+    return getattr(bench_module(name), "FULL_REPEAT", 5)
 
 
 def run_once(name: str, quick: bool, out_dir: Path | None = None) -> dict:
     """`brigade_bench.<name>.run(quick[, out_dir])`, sync or async."""
-    module = importlib.import_module(f"brigade_bench.{name.replace('-', '_')}")
+    module = bench_module(name)
     kwargs: dict = {"quick": quick}
     if out_dir is not None and "out_dir" in inspect.signature(module.run).parameters:
         kwargs["out_dir"] = out_dir

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from brigade_bench.repeat import default_repeat, load_text, loadavg, run_repeated, summarize
+from brigade_bench.repeat import bench_module, default_repeat, load_text, loadavg, run_repeated, summarize
 
 ORDER = ["bucket", "proxy", "learner", "rollout", "fleet", "sync-latency", "preemption", "topology", "scale", "real"]
 
@@ -523,7 +523,6 @@ def _first_paragraph(doc: str | None) -> str:
 def run_all(quick: bool, report_path: str | Path, names: list[str] | None = None, repeat: int = 0) -> dict[str, dict]:
     """Every benchmark `repeat` times (0: each its default, brigade_bench.repeat.default_repeat), then
     the report and results.json."""
-    import importlib
 
     report_path = Path(report_path)
     out_dir = report_path.parent
@@ -539,7 +538,7 @@ def run_all(quick: bool, report_path: str | Path, names: list[str] | None = None
         t0 = time.monotonic()
         print(f"== bench {name}{flags}", flush=True)
         try:
-            docs[name] = _first_paragraph(importlib.import_module(f"brigade_bench.{name.replace('-', '_')}").__doc__)
+            docs[name] = _first_paragraph(bench_module(name).__doc__)
         except Exception as e:  # noqa: BLE001 - one broken benchmark must not hide the others' figures
             docs[name] = ""
             runs[name] = [{"result": {"error": f"{type(e).__name__}: {e}"[:2000]}}]

@@ -90,7 +90,7 @@ def bench(
     repeat: int = typer.Option(0, "--repeat", min=0, show_default=False,
                                help="Run each benchmark N times in a row; every figure is then its median, with "
                                     "its worst run as <figure>_worst, and each run's load average is recorded "
-                                    "(default: 3 with --quick, else 5; `real` runs once in full mode, ~25 min)."),
+                                    "(default: 3 with --quick, else 5; `real` runs once in full mode, about 35 min)."),
 ) -> None:
     """Run a benchmark; ratios compare with a baseline measured in the same run."""
     try:
