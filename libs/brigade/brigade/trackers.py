@@ -172,8 +172,9 @@ class Trackers:
             log.info("trackers_resumed", last_logged_step=self.last)
 
     def oldest_step(self) -> int:
-        """The newest step every tracker holds: a restart backfills the committed steps after it."""
-        return min(self.last.values(), default=0) if self.backends else -1
+        """The newest step every tracker holds (-1: no tracker): a restart backfills the committed
+        steps after it."""
+        return min(self.last.values(), default=-1)
 
     def log_steps(self, metrics: Iterable[Mapping[str, Any]]) -> None:
         for m in metrics:
