@@ -18,9 +18,9 @@ in the same run.
   between its jobs) as a share of one core over the training window (target < 5 %).
   Then each run's held-out curve: the accuracy of every 5th published version and the last (every
   version with --quick), scored after the runs on one engine with the same seeds, against the wall
-  clock at which the learner published it (from the launch of `brigade up`). The target is the best accuracy
-  both runs reached; async_over_sync_speedup = sync's time to the target / async's time to it
-  (async_over_sync_step_speedup: seconds per step, sync / async).
+  clock at which the learner published it (from the launch of `brigade up`). The target is the
+  best accuracy both runs reached; async_over_sync_speedup = sync's time to the target / async's
+  time to it (async_over_sync_step_speedup: seconds per step, sync / async).
 
 Every figure measured on a shared 2-core machine moves with the neighbours' load: the load average
 is part of the result.
@@ -40,7 +40,7 @@ from pathlib import Path
 
 FULL = dict(steps=30, rounds=5, eval_samples=4, curve_every=5)
 QUICK = dict(steps=3, rounds=2, eval_samples=1, curve_every=1)
-FULL_REPEAT = 1  # a full run is two 30-step recipe runs and their held-out curves, about 25 min
+FULL_REPEAT = 1  # a full run is two 30-step recipe runs and their held-out curves, about 35 min
 CONTROL_PLANE = ("proxy", "janitor", "redis-server", "evaluator")
 
 
@@ -282,12 +282,11 @@ def recipe_run(root: Path, sync: bool, steps: int) -> dict:
 
 def heldout_curve(spec, engine, r: dict, cfg: dict) -> dict[int, float]:
     """version -> held-out accuracy for every `curve_every`-th version of a finished run and its last."""
+    from brigade_bench.system import progress
     from brigade_cli.real import final_adapter, heldout_accuracy
 
     if not r["version"]:
         return {}
-    from brigade_bench.system import progress
-
     versions = sorted({*range(cfg["curve_every"], r["version"] + 1, cfg["curve_every"]), r["version"]})
     curve = {}
     for v in versions:
@@ -295,6 +294,14 @@ def heldout_curve(spec, engine, r: dict, cfg: dict) -> dict[int, float]:
                                   engine=engine)
         progress("real", f"{r['run']} v{v}: held-out {curve[v]:.3f}")
     return curve
+
+
+def flat_curves(curves: dict[bool, dict[int, float]], runs: dict[bool, dict]) -> dict:
+    """The curves as flat keys (the JSON is one flat object): heldout_async_v3, published_async_v3_s, ..."""
+    named = (("async", False), ("sync", True))
+    return {**{f"heldout_{name}_v{v}": round(x, 4) for name, sync in named for v, x in curves[sync].items()},
+            **{f"published_{name}_v{v}_s": runs[sync]["published_s"].get(v) for name, sync in named
+               for v in curves[sync]}}
 
 
 def time_to_target(curve_async: dict[int, float], curve_sync: dict[int, float],
@@ -358,11 +365,7 @@ def run(quick: bool = False) -> dict:
     result |= {
         "heldout_base": round(base, 4), "heldout_final": round(final[False], 4),
         "heldout_final_sync": round(final[True], 4), "eval_samples_per_prompt": cfg["eval_samples"],
-        # the curves, flat (the JSON is one flat object): heldout_async_v3, published_async_v3_s, ...
-        **{f"heldout_{name}_v{v}": round(x, 4) for name, sync in (("async", False), ("sync", True))
-           for v, x in curves[sync].items()},
-        **{f"published_{name}_v{v}_s": r["published_s"].get(v) for name, r in (("async", a), ("sync", s))
-           for v in curves[name == "sync"]},
+        **flat_curves(curves, runs),
         **reach,
         "steps": cfg["steps"], "async_wall_s": a["wall_s"], "sync_wall_s": s["wall_s"],
         "async_s_per_step": a.get("s_per_step"), "sync_s_per_step": s.get("s_per_step"),
