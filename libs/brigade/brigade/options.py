@@ -3,6 +3,8 @@ the default in `brigade.config.Settings`, so one image serves every service."""
 
 from __future__ import annotations
 
+import os
+import socket
 from typing import Annotated
 
 import typer
@@ -54,6 +56,12 @@ RewardWorkers = Annotated[bool, typer.Option(
     "--reward-worker/--no-reward-worker",
     help="Start a local rq worker subprocess for sandboxed rewards; with --no-reward-worker run "
          "`rq worker --url $BRIGADE_RQ_REDIS_URL brigade:<run>:rewards` yourself.")]
+
+
+def default_fleet_id() -> str:
+    """A worker's or local trainer's id when none is given: hostname-pid, unique on a machine and
+    telling an operator where it runs."""
+    return f"{socket.gethostname()}-{os.getpid()}"
 
 
 def check_fleet_flags(capacity_class: str, price_per_hour: float) -> None:

@@ -26,10 +26,8 @@ Failures, in one place:
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import signal
-import socket
 import time
 from dataclasses import dataclass, field
 
@@ -51,6 +49,7 @@ from brigade.datasets import prompt_value
 from brigade.engine.base import Stopped
 from brigade.engine.hf import HFEngine
 from brigade.model import load_tokenizer
+from brigade.options import default_fleet_id
 from brigade.retry import retry
 from brigade.rewards import RewardCall, RewardSet, RqSandbox, TrainerState, reward_queue
 from brigade.rollout_format import Rollout, build_rollout
@@ -67,10 +66,6 @@ NEXT_VERSION_POLL_S = 0.25   # GetRun while waiting for the round to close
 NEXT_VERSION_SLACK_S = 5.0   # beyond round_timeout_s: the aggregator's merge and publish
 
 
-def default_trainer_id() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}"
-
-
 @dataclass
 class TrainerConfig:
     proxy: str
@@ -78,7 +73,7 @@ class TrainerConfig:
     run: str
     token: str = ""
     tls_ca: str = ""
-    trainer_id: str = field(default_factory=default_trainer_id)
+    trainer_id: str = field(default_factory=default_fleet_id)
     capacity_class: str = "spot"
     price_per_hour: float = 0.0
     device: str = ""                # overrides spec.device

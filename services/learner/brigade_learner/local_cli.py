@@ -23,6 +23,7 @@ from brigade.options import (
     TlsCa,
     Token,
     check_fleet_flags,
+    default_fleet_id,
 )
 
 TrainerId = Annotated[str, typer.Option("--trainer-id", envvar="BRIGADE_TRAINER_ID",
@@ -58,10 +59,10 @@ def trainer(
 
     log = configure_logging("trainer", log_level)
     serve_metrics(metrics_port)
-    from brigade_learner.local import TrainerConfig, default_trainer_id, serve
+    from brigade_learner.local import TrainerConfig, serve
 
     cfg = TrainerConfig(proxy=proxy, bucket=bucket, run=run, token=token, tls_ca=tls_ca,
-                        trainer_id=trainer_id or default_trainer_id(), capacity_class=capacity_class,
+                        trainer_id=trainer_id or default_fleet_id(), capacity_class=capacity_class,
                         price_per_hour=price_per_hour, device=device, redis_url=redis_url,
                         reward_workers=reward_worker, exit_when_finished=exit_when_finished)
     exit_with(lambda: serve(cfg), log, proxy, signal_is_failure=False)

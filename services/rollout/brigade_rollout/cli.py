@@ -23,6 +23,7 @@ from brigade.options import (
     TlsCa,
     Token,
     check_fleet_flags,
+    default_fleet_id,
 )
 
 WorkerId = Annotated[str, typer.Option("--worker-id", envvar="BRIGADE_WORKER_ID",
@@ -70,10 +71,10 @@ def rollout(
     from brigade.prom import serve_metrics
 
     serve_metrics(metrics_port)
-    from brigade_rollout.worker import Worker, WorkerConfig, default_worker_id
+    from brigade_rollout.worker import Worker, WorkerConfig
 
     cfg = WorkerConfig(
-        proxy=proxy, bucket=bucket, run=run, token=token, tls_ca=tls_ca, worker_id=worker_id or default_worker_id(),
+        proxy=proxy, bucket=bucket, run=run, token=token, tls_ca=tls_ca, worker_id=worker_id or default_fleet_id(),
         capacity_class=capacity_class, price_per_hour=price_per_hour, engine=engine, max_batches=max_batches,
         exit_when_finished=exit_when_finished, device=device, redis_url=redis_url,
         reward_workers=reward_worker,

@@ -31,9 +31,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
 import random
-import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -58,6 +56,7 @@ from brigade.bucket import (
 from brigade.datasets import prompt_value
 from brigade.engine import make_engine
 from brigade.engine.base import Engine, Sample, Stopped
+from brigade.options import default_fleet_id
 from brigade.retry import Backoff, retry
 from brigade.rewards import RewardCall, RewardSet, RqSandbox, Scores, TrainerState, reward_queue
 from brigade.rollout_format import Rollout, build_rollout, from_bytes
@@ -79,10 +78,6 @@ RETRY_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, g
                grpc.StatusCode.ABORTED, grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL}
 
 
-def default_worker_id() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}"
-
-
 @dataclass
 class WorkerConfig:
     proxy: str
@@ -90,7 +85,7 @@ class WorkerConfig:
     run: str
     token: str = ""
     tls_ca: str = ""
-    worker_id: str = field(default_factory=default_worker_id)
+    worker_id: str = field(default_factory=default_fleet_id)
     capacity_class: str = "spot"
     price_per_hour: float = 0.0
     engine: str = "hf"
