@@ -74,7 +74,8 @@ def test_transient_faults_are_retried_until_the_operation_succeeds(faulty, kind)
     assert faulty.stats[kind] == 10
 
 
-@pytest.mark.parametrize("size", [300, 300_000])  # small bodies are read inside get_object, big ones after it
+@pytest.mark.parametrize("size", [300, 300_000, 3_000_000])  # small bodies are read inside get_object, big
+# ones after it; from 1 MiB on they are hashed by a thread as they arrive
 def test_a_truncated_body_is_read_again_and_a_lasting_one_is_an_error(faulty, size):
     """The headers promise N bytes, the connection dies after N/2: the bucket reads the object again.
     When every read is torn: a BucketError (never short data, never a CorruptObject, so nobody rejects

@@ -11,7 +11,9 @@ from __future__ import annotations
 import abc
 import asyncio
 import hashlib
+import queue
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 
 # Reads are handed out (and hashed) in pieces of this size: big enough that per-chunk
@@ -62,6 +64,43 @@ def start_sha256(data: bytes | bytearray | memoryview) -> asyncio.Future[str]:
     would), so it runs alongside whatever the caller does next (e.g. botocore serialising and
     sending the same bytes)."""
     return asyncio.get_running_loop().run_in_executor(None, sha256_hex, data)
+
+
+class StreamingSha256:
+    """sha256 of bytes that arrive in chunks, hashed by a worker thread while the next chunks are
+    still on the wire: `update` only queues the chunk (a microsecond on the event loop) and hashlib
+    releases the GIL while it hashes, so the digest costs the loop nothing and is ready about one
+    chunk after the last byte. Hashing on the loop instead put 34 MiB of sha256 (~24 ms at
+    1.4 GB/s) in series with reading the body. `hexdigest()` must be awaited once; `close()`
+    (idempotent) stops the thread when the read fails."""
+
+    _END = None
+    # its own threads: a drain holds one for the whole read, and must not keep asyncio.to_thread
+    # callers (or aiohttp's DNS lookups) waiting behind a batch of concurrent downloads
+    _POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="brigade-sha256")
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self._hasher = hashlib.sha256()
+        self._done = asyncio.get_running_loop().run_in_executor(self._POOL, self._drain)
+        self._closed = False
+
+    def _drain(self) -> str:
+        while (chunk := self._queue.get()) is not self._END:
+            self._hasher.update(chunk)
+        return self._hasher.hexdigest()
+
+    def update(self, chunk: bytes) -> None:
+        self._queue.put(chunk)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._queue.put(self._END)
+
+    async def hexdigest(self) -> str:
+        self.close()
+        return await self._done
 
 
 # Names the local backend uses for in-progress writes; keys may not collide with them.

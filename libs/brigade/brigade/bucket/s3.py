@@ -28,6 +28,7 @@ from brigade.bucket.base import (
     BucketError,
     ObjectExists,
     ObjectNotFound,
+    StreamingSha256,
     check_key,
     check_prefix,
     sha256_hex,
@@ -51,6 +52,7 @@ _CONFLICT_RETRIES = 4
 _TRANSPORT_ERRORS = (BotoCoreError, aiohttp.ClientError, asyncio.TimeoutError, OSError)
 
 READ_ATTEMPTS = 3  # reads of one object, when a body arrives cut short
+_STREAM_HASH_BYTES = 1 << 20  # bodies at least this big are hashed by a thread as they arrive
 
 
 class _TornRead(Exception):
@@ -511,11 +513,12 @@ class S3Bucket(Bucket):
         readany = getattr(content, "readany", None)
         chunks: list[bytes] = []
         total = 0
-        # Each chunk is hashed on the loop as it arrives (a socket read, <= 256 KiB: a fraction of a
-        # millisecond), while the next one is still on the wire: the digest is ready with the last
-        # byte. A worker thread fed in batches cost more (a hop per batch, a batch left to hash after
-        # the last byte) and needs a core that a 2-core machine serving the bytes does not have.
-        hasher = hashlib.sha256() if sha256 is not None else None
+        expected = resp.get("ContentLength")
+        # a big body is hashed by a thread as it arrives (StreamingSha256); a small one on the loop,
+        # where a thread hop would cost more than the hash
+        hasher: Any = None
+        if sha256 is not None:
+            hasher = StreamingSha256() if (expected or 0) >= _STREAM_HASH_BYTES else hashlib.sha256()
         try:
             async with body:
                 while chunk := await (readany() if readany is not None else body.read(CHUNK_SIZE)):
@@ -523,13 +526,16 @@ class S3Bucket(Bucket):
                     total += len(chunk)
                     if hasher is not None:
                         hasher.update(chunk)
-            expected = resp.get("ContentLength")
             if expected is not None and total != expected:
                 raise _TornRead(f"GetObject: truncated read: {total} of {expected} bytes")
         except _TRANSPORT_ERRORS as e:
             raise _TornRead(f"GetObject (reading body): {type(e).__name__}: {e}") from e
+        finally:
+            if isinstance(hasher, StreamingSha256):
+                hasher.close()
         if hasher is not None:
-            self._check_digest(key, sha256, hasher.hexdigest())
+            digest = await hasher.hexdigest() if isinstance(hasher, StreamingSha256) else hasher.hexdigest()
+            self._check_digest(key, sha256, digest)
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     async def stream(self, key: str, chunk_size: int = CHUNK_SIZE) -> AsyncIterator[bytes]:
