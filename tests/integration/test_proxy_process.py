@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import selectors
 import signal
 import subprocess
 import sys
+import time
+import urllib.request
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -60,3 +63,70 @@ def test_proxy_refuses_a_taken_port(redis_url):
     finally:
         first.terminate()
         first.wait(10)
+
+
+def _listening_pids(stderr_lines: list[str]) -> set[int]:
+    return {entry["pid"] for entry in map(json.loads, filter(lambda s: s.startswith("{"), stderr_lines))
+            if entry.get("event") == "proxy listening"}
+
+
+def _read_until(proc: subprocess.Popen, done, timeout: float = 60) -> list[str]:
+    """stderr lines of `proc` until done(lines) holds (or the process ends, or `timeout` passes)."""
+    lines: list[str] = []
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stderr, selectors.EVENT_READ)
+    deadline = time.monotonic() + timeout
+    while not done(lines) and time.monotonic() < deadline:
+        if sel.select(timeout=1) and (line := proc.stderr.readline()):
+            lines.append(line)
+        elif proc.poll() is not None:
+            break
+    return lines
+
+
+def _list_runs_served(metrics_port: int) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith('brigade_proxy_rpcs_total{') and 'method="ListRuns"' in line)
+
+
+def test_proxy_processes_share_one_port(redis_url):
+    """--processes 2: two proxies on one port (SO_REUSEPORT), each serving the connections the kernel
+    gives it and its own metrics (P, P+1); SIGTERM stops both cleanly, and a child that dies takes the
+    other down with a non-zero exit."""
+    port, metrics = free_port(), free_port()
+    argv = [sys.executable, "-m", "brigade_proxy", "--listen", f"127.0.0.1:{port}", "--redis-url", redis_url,
+            "--bucket", "", "--processes", "2", "--metrics-port", str(metrics)]
+    env = dict(os.environ, BRIGADE_LOG_FORMAT="json")
+    for ending in ("sigterm", "child dies"):
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            lines = _read_until(proc, lambda lines: len(_listening_pids(lines)) == 2)
+            pids = _listening_pids(lines)
+            assert len(pids) == 2 and proc.pid not in pids, lines
+            # a connection each (not gRPC's one shared connection): the kernel spreads them over both
+            calls = 40
+            for _ in range(calls):
+                with grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)]) as ch:
+                    pbg.RunServiceStub(ch).ListRuns(pb.ListRunsRequest(), timeout=10)
+            served = [_list_runs_served(metrics), _list_runs_served(metrics + 1)]
+            assert sum(served) == calls and min(served) > 0, served
+            if ending == "sigterm":
+                proc.send_signal(signal.SIGTERM)
+                assert proc.wait(20) == 0
+            else:
+                os.kill(sorted(pids)[0], signal.SIGKILL)
+                assert proc.wait(20) == 1
+                assert "a proxy process exited; stopping the others" in proc.stderr.read()
+            for pid in pids:  # no child left behind
+                assert not os.path.exists(f"/proc/{pid}") or "Z" in open(f"/proc/{pid}/stat").read().split()[2]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def test_proxy_processes_need_a_port():
+    out = subprocess.run([sys.executable, "-m", "brigade_proxy", "--listen", "127.0.0.1:0", "--processes", "2"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "not port 0" in out.stderr

@@ -54,8 +54,10 @@ CHANNEL_OPTIONS = channel_options()
 
 
 def server_options(max_receive_bytes: int = MAX_MESSAGE_BYTES,
-                   min_ping_interval_ms: int = KEEPALIVE_MS // 2) -> list[tuple[str, int]]:
-    """The proxy's server options: the keepalive policy above and gRPC's receive limit."""
+                   min_ping_interval_ms: int = KEEPALIVE_MS // 2, reuse_port: bool = False) -> list[tuple[str, int]]:
+    """The proxy's server options: the keepalive policy above and gRPC's receive limit. `reuse_port`:
+    several processes listen on one port and the kernel spreads connections over them (otherwise a
+    second proxy on a taken port is an error, not a silent half of the traffic)."""
     return [
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_receive_message_length", max_receive_bytes),
@@ -66,7 +68,7 @@ def server_options(max_receive_bytes: int = MAX_MESSAGE_BYTES,
         ("grpc.http2.min_ping_interval_without_data_ms", min_ping_interval_ms),
         ("grpc.http2.max_ping_strikes", 2),
         ("grpc.http2.max_pings_without_data", 0),
-        ("grpc.so_reuseport", 0),
+        ("grpc.so_reuseport", int(reuse_port)),
     ]
 
 

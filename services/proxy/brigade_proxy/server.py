@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import inspect
+import os
 import signal
 import time
 from collections.abc import AsyncIterator
@@ -330,9 +331,11 @@ async def start_server(
     pipelined: bool = True,
     limits: Limits | None = None,
     min_ping_interval_ms: int = KEEPALIVE_MS // 2,
+    reuse_port: bool = False,
 ) -> ProxyServer:
     """Build and start a proxy on `listen` (port 0 = any free port). Returns once it accepts calls.
-    `min_ping_interval_ms`: clients pinging more often than this get GOAWAY (tests shorten it)."""
+    `min_ping_interval_ms`: clients pinging more often than this get GOAWAY (tests shorten it).
+    `reuse_port`: share the port with the other processes of `brigade proxy --processes N`."""
     limits = limits or Limits()
     # one blocking connection per WatchRun stream it allows, one reserved per PullRollouts
     store = Store(redis_url, pipelined=pipelined, blocking_connections=limits.max_streams,
@@ -343,7 +346,7 @@ async def start_server(
     proxy = Proxy(store, bucket, bucket_url, owns_bucket=owns_bucket, limits=limits)
     interceptors = [RpcMetrics(), *([BearerAuthInterceptor(token)] if token else [])]
     server = grpc.aio.server(interceptors=interceptors, maximum_concurrent_rpcs=limits.max_rpcs,
-                             options=server_options(limits.max_message_bytes, min_ping_interval_ms))
+                             options=server_options(limits.max_message_bytes, min_ping_interval_ms, reuse_port))
     add_servicer(server, "LeaseService", LeaseServicer(proxy), limits)
     add_servicer(server, "LearnerService", LearnerServicer(proxy), limits)
     add_servicer(server, "RunService", RunServicer(proxy), limits, gates={"CreateRun": proxy.create_runs})
@@ -388,11 +391,12 @@ async def serve(
     pipelined: bool = True,
     limits: Limits | None = None,
     metrics_port: int = 0,
+    reuse_port: bool = False,
 ) -> None:
     """Run a proxy until SIGTERM or SIGINT, then drain in-flight calls for up to `grace` seconds."""
     started = time.monotonic()
-    running = await start_server(redis_url, listen, bucket_url=bucket_url, token=token,
-                                 tls_cert=tls_cert, tls_key=tls_key, pipelined=pipelined, limits=limits)
+    running = await start_server(redis_url, listen, bucket_url=bucket_url, token=token, tls_cert=tls_cert,
+                                 tls_key=tls_key, pipelined=pipelined, limits=limits, reuse_port=reuse_port)
     try:
         await running.proxy.store.ping()
         redis_ok = True
@@ -408,7 +412,7 @@ async def serve(
             raise
     log.info("proxy listening", listen=listen, port=running.port, redis=redis_url, redis_ok=redis_ok,
              bucket=bucket_url or None, auth=bool(token), tls=bool(tls_cert),
-             startup_ms=round((time.monotonic() - started) * 1000))
+             pid=os.getpid(), startup_ms=round((time.monotonic() - started) * 1000))
     settle_heap()
     metrics = start_metrics(metrics_port, running.proxy.store)
     stop = asyncio.Event()
