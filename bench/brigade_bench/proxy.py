@@ -1,20 +1,23 @@
-"""Lease-proxy throughput: acquire + complete cycles through `brigade proxy` (a separate process,
-over loopback gRPC, backed by its own redis-server), against the same cycle through a second
-proxy whose store runs its scripts over plain redis-py (`--no-pipelined`), and against raw
-redis-py stream commands at the same concurrency, all in the same run.
+"""Lease-proxy throughput and latency: acquire + complete cycles through `brigade proxy` (separate
+processes, over loopback gRPC, backed by their own redis-server), against the same cycle through a
+proxy whose store runs its scripts over plain redis-py (`--no-pipelined`), and against raw redis-py
+stream commands at the same concurrency, all in the same run.
 
     brigade bench proxy [--quick]
 
-lease_cycles_per_s   AcquireLease + CompleteLease pairs per second, 64 concurrent clients back
-                     to back (closed loop: the proxy's capacity)
+lease_cycles_per_s   AcquireLease + CompleteLease pairs per second through one proxy process, 64
+                     concurrent clients back to back (closed loop: one event loop's capacity)
 saturated_acquire_*  AcquireLease latency in that closed loop; by Little's law it is mostly
                      queueing (64 calls in flight / throughput), not service time
-acquire_p50/p99_ms   AcquireLease latency with the same 64 clients offering 1000 cycles/s in
-                     all (open loop, like workers that generate between calls)
-light_acquire_*      the same at 200 cycles/s (64 workers, one cycle each every 320 ms)
+acquire_p50/p99_ms, complete_*
+                     the same 64 clients offering 1000 cycles/s in all (open loop, like workers
+                     that generate between calls) to one process
 proxy_cpu_ms_per_cycle, proxy_cores
-                     the proxy process's CPU (all its threads) per cycle and in cores during the
-                     1000 cycles/s phase: what it needs of a machine whose other jobs set the p99
+                     that process's CPU (all its threads) per cycle and in cores at 1000 cycles/s:
+                     what it needs of a machine whose other jobs set the p99
+light_acquire_*      200 cycles/s (64 workers, one cycle each every 320 ms), one process
+processes_*          1000 cycles/s and the closed loop again through `brigade proxy --processes 2`
+                     (one port, SO_REUSEPORT), with the processes' CPU per cycle
 raw_cycles_per_s     XREADGROUP, then XACK + XDEL + XADD in one pipeline, 64 concurrent tasks
 redis_py_cycles_per_s  lease_cycles_per_s again (same closed loop, same scripts, a fresh run on the
                      same Redis), through a proxy started with --no-pipelined: what the
@@ -22,7 +25,9 @@ redis_py_cycles_per_s  lease_cycles_per_s again (same closed loop, same scripts,
 cycle_ratio          our time per cycle / raw time per cycle (lower is better)
 
 The clients run in `client_processes` processes (2 by default) so the client side, which costs
-about as much CPU as the server, does not cap the figure on a small machine.
+about as much CPU as the server, does not cap the figure on a small machine. Every 4 clients share
+a connection of their own, as workers on separate machines would (gRPC would otherwise put all the
+channels of a process on one connection, and so on one proxy process).
 """
 
 from __future__ import annotations
@@ -38,7 +43,9 @@ import time
 from pathlib import Path
 
 CONCURRENCY = 64
+CLIENTS_PER_CONNECTION = 4
 LIGHT_RATE = 200.0
+PROCESSES = 2  # `brigade proxy --processes` of the processes_* figures: one per core of this machine
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -51,31 +58,62 @@ def _percentile(values: list[float], q: float) -> float:
 
 # ---------------------------------------------------------------- our cycle, through the proxy
 
-async def _proxy_clients(target: str, run: str, clients: int, cycles: int, tag: str, rate: float = 0.0) -> dict:
+async def _proxy_clients(target: str, run: str, clients: int, cycles: int, tag: str, rate: float = 0.0,
+                         start_at: float = 0.0) -> dict:
     """`clients` concurrent acquire+complete loops until `cycles` are done. rate=0: back to back
     (closed loop, saturation); rate>0: each client starts a cycle every clients/rate seconds
     (open loop at `rate` cycles/s in all, the way workers behave: they generate between calls).
-    `target` may list several proxies, comma-separated: the channels go round them."""
+    `target` may list several proxies, comma-separated: the channels go round them. The clock
+    starts once every connection is up and every client has done one cycle (and not before
+    `start_at`, a time.time()): a worker keeps its connection for hours, and the first calls on a
+    new one wait for TCP and HTTP/2 setup, which was enough to set a 10-second phase's p99 alone."""
+    import grpc
+
     from brigade import keys
-    from brigade.rpc import open_channel
+    from brigade.rpc import channel_options
     from brigade.v1 import brigade_pb2 as pb
     from brigade.v1 import brigade_pb2_grpc as pbg
 
     targets = target.split(",")
-    channels = [open_channel(targets[i % len(targets)]) for i in range(max(len(targets), clients // 16))]
+    # a connection per channel: on one port, SO_REUSEPORT spreads connections (not calls) over processes
+    options = [*channel_options(), ("grpc.use_local_subchannel_pool", 1)]
+    channels = [grpc.aio.insecure_channel(targets[i % len(targets)], options=options)
+                for i in range(max(len(targets), clients // CLIENTS_PER_CONNECTION))]
     stubs = [pbg.LeaseServiceStub(ch) for ch in channels]
+    requests = [pb.AcquireLeaseRequest(run_id=run, worker_id=f"bench-{tag}-{i}", capacity_class="spot", engine="bench")
+                for i in range(clients)]
+
+    async def cycle(i: int) -> tuple[float, float] | float:
+        """(acquire ms, complete ms), or the retry-after seconds of a refusal."""
+        stub, req = stubs[i % len(stubs)], requests[i]
+        t0 = time.perf_counter()
+        resp = await stub.AcquireLease(req)
+        t1 = time.perf_counter()
+        if not resp.granted:
+            return resp.retry_after_ms / 1000
+        lease = resp.lease
+        b = lease.batch.batch_id
+        manifest = pb.RolloutManifest(
+            run_id=run, batch_id=b, attempt=lease.attempt, worker_id=req.worker_id,
+            policy_version=lease.adapter_version, uri=keys.rollout_key(run, b, lease.attempt),
+            sha256="0" * 64, size_bytes=1, num_samples=8, num_tokens=256, reward_mean=0.5,
+        )
+        await stub.CompleteLease(pb.CompleteLeaseRequest(run_id=run, lease_id=lease.lease_id,
+                                                         worker_id=req.worker_id, manifest=manifest))
+        return (t1 - t0) * 1000, (time.perf_counter() - t1) * 1000
+
+    # connected, and each client's first cycle done (untimed), then the clock starts
+    await asyncio.wait_for(asyncio.gather(*(ch.channel_ready() for ch in channels)), 30)
+    await asyncio.gather(*(cycle(i) for i in range(clients)))
+    await asyncio.sleep(max(0.0, start_at - time.time()))
     remaining = cycles
     acquire_ms: list[float] = []
     complete_ms: list[float] = []
     denied = 0
-
     interval = clients / rate if rate > 0 else 0.0
 
     async def client(i: int) -> None:
         nonlocal remaining, denied
-        stub = stubs[i % len(stubs)]
-        worker = f"bench-{tag}-{i}"
-        req = pb.AcquireLeaseRequest(run_id=run, worker_id=worker, capacity_class="spot", engine="bench")
         next_at = time.perf_counter() + interval * i / clients
         while remaining > 0:
             remaining -= 1
@@ -84,25 +122,13 @@ async def _proxy_clients(target: str, run: str, clients: int, cycles: int, tag: 
                 if delay > 0:
                     await asyncio.sleep(delay)
                 next_at += interval
-            t0 = time.perf_counter()
-            resp = await stub.AcquireLease(req)
-            t1 = time.perf_counter()
-            if not resp.granted:
+            result = await cycle(i)
+            if isinstance(result, float):
                 denied += 1
-                await asyncio.sleep(resp.retry_after_ms / 1000)
+                await asyncio.sleep(result)
                 continue
-            lease = resp.lease
-            b = lease.batch.batch_id
-            manifest = pb.RolloutManifest(
-                run_id=run, batch_id=b, attempt=lease.attempt, worker_id=worker,
-                policy_version=lease.adapter_version, uri=keys.rollout_key(run, b, lease.attempt),
-                sha256="0" * 64, size_bytes=1, num_samples=8, num_tokens=256, reward_mean=0.5,
-            )
-            await stub.CompleteLease(pb.CompleteLeaseRequest(run_id=run, lease_id=lease.lease_id, worker_id=worker,
-                                                             manifest=manifest))
-            t2 = time.perf_counter()
-            acquire_ms.append((t1 - t0) * 1000)
-            complete_ms.append((t2 - t1) * 1000)
+            acquire_ms.append(result[0])
+            complete_ms.append(result[1])
 
     start = time.perf_counter()
     await asyncio.gather(*(client(i) for i in range(clients)))
@@ -113,34 +139,35 @@ async def _proxy_clients(target: str, run: str, clients: int, cycles: int, tag: 
 
 
 def _client_process_main() -> None:
-    """Entry point of a client process: args as JSON on argv[1], results as JSON on stdout."""
+    """Entry point of a client process: args as JSON on argv[1], results as JSON to the file argv[2]."""
+    import uvloop  # as the proxy does: the load clients share this machine's cores with it
+
     from brigade_proxy.server import settle_heap  # imports grpc and the stubs the clients use
 
     target, run_id, clients, cycles, tag, start_at, rate = json.loads(sys.argv[1])
     # as the proxy does: a full collection here would pause the 32 clients of this process mid-call
     # and count as the proxy's latency
     settle_heap()
-    time.sleep(max(0.0, start_at - time.time()))  # start together with the other client processes
-    result = asyncio.run(_proxy_clients(target, run_id, clients, cycles, tag, rate))
-    sys.stdout.write(json.dumps(result))
+    result = uvloop.run(_proxy_clients(target, run_id, clients, cycles, tag, rate, start_at))
+    Path(sys.argv[2]).write_text(json.dumps(result))  # a file: a pipe cut a big result short under uvloop
 
 
 async def _proxy_clients_in_processes(target: str, run_id: str, processes: int, clients: int,
                                       cycles: int, rate: float = 0.0) -> list[dict]:
-    start_at = time.time() + 2.0  # process start + imports take about a second
+    start_at = time.time() + 3.0  # process start, imports and connecting take about a second
     tag = "paced" if rate else "p"
     code = "from brigade_bench.proxy import _client_process_main; _client_process_main()"
-    procs = []
-    for i in range(processes):
-        args = json.dumps([target, run_id, clients // processes, cycles // processes, f"{tag}{i}", start_at,
-                           rate / processes])
-        procs.append(await asyncio.create_subprocess_exec(sys.executable, "-c", code, args,
-                                                          stdout=asyncio.subprocess.PIPE))
-    outputs = [await p.communicate() for p in procs]
-    for p in procs:
-        if p.returncode != 0:
-            raise RuntimeError(f"a benchmark client process exited with code {p.returncode}")
-    return [json.loads(out) for out, _ in outputs]
+    with tempfile.TemporaryDirectory(prefix="brigade-bench-clients-") as tmp:
+        outs = [Path(tmp) / f"client-{i}.json" for i in range(processes)]
+        procs = []
+        for i, out in enumerate(outs):
+            args = json.dumps([target, run_id, clients // processes, cycles // processes, f"{tag}{i}", start_at,
+                               rate / processes])
+            procs.append(await asyncio.create_subprocess_exec(sys.executable, "-c", code, args, str(out)))
+        for p in procs:
+            if await p.wait() != 0:
+                raise RuntimeError(f"a benchmark client process exited with code {p.returncode}")
+        return [json.loads(out.read_text()) for out in outs]
 
 
 # ---------------------------------------------------------------- the raw redis-py cycle
@@ -206,12 +233,13 @@ async def _create_run(target: str, run: str, prompts: int, lease_seconds: int = 
         raise RuntimeError("the proxy did not accept CreateRun")
 
 
-def _start_proxy(redis_url: str, port: int, pipelined: bool = True) -> subprocess.Popen:
+def _start_proxy(redis_url: str, port: int, pipelined: bool = True, processes: int = 1) -> subprocess.Popen:
     from brigade_cli.devservers import wait_for_port
 
     env = dict(os.environ, BRIGADE_LOG_FORMAT="json")
     argv = [sys.executable, "-m", "brigade_proxy", "--listen", f"127.0.0.1:{port}", "--redis-url", redis_url,
-            "--bucket", "", "--log-level", "warning", "--pipelined" if pipelined else "--no-pipelined"]
+            "--bucket", "", "--log-level", "warning", "--pipelined" if pipelined else "--no-pipelined",
+            "--processes", str(processes)]
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     wait_for_port(port, timeout=30, proc=proc)
     return proc
@@ -230,10 +258,13 @@ async def _phase(target: str, run_id: str, processes: int, cycles: int, rate: fl
 
 
 def _cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process so far (Linux's /proc; NaN elsewhere)."""
+    """User + system CPU seconds so far of a process and its children (`--processes`; Linux's /proc,
+    NaN elsewhere)."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return own + sum(_cpu_seconds(int(child)) for child in children)
     except (OSError, IndexError, ValueError):
         return float("nan")
 
@@ -263,28 +294,41 @@ async def _saturated_without_pipelining(redis_url: str, processes: int, cycles: 
 
 
 async def run(quick: bool = False, client_processes: int = 2, paced_rate: float = 1000.0,
-              cycles: int | None = None, paced_seconds: float | None = None) -> dict:
+              cycles: int | None = None, paced_seconds: float | None = None, processes: int = PROCESSES) -> dict:
     from brigade_cli.devservers import free_port, start_redis
 
     cycles = cycles or (4_000 if quick else 20_000)
     paced_cycles = int(paced_rate * (paced_seconds or (3 if quick else 10)))
+    light_cycles = int(LIGHT_RATE * (paced_seconds or 2))
     warmup = 500
+    run_id = "bench-proxy"
     with tempfile.TemporaryDirectory(prefix="brigade-bench-proxy-") as tmp:
         redis = start_redis(Path(tmp) / "redis")
         try:
+            # one process: its capacity, and what 1000 and 200 cycles/s do to it
             port = free_port()
             proxy = _start_proxy(redis.url, port)
             target = f"127.0.0.1:{port}"
             try:
-                run_id = "bench-proxy"
-                await _create_run(target, run_id, cycles + paced_cycles + warmup + 2000)
+                await _create_run(target, run_id, 2 * (cycles + paced_cycles + warmup) + light_cycles + 2000)
                 await _proxy_clients(target, run_id, CONCURRENCY, min(warmup, cycles), "warm")
                 saturated = await _phase(target, run_id, client_processes, cycles)
                 cpu0 = _cpu_seconds(proxy.pid)
                 paced = await _phase(target, run_id, client_processes, paced_cycles, paced_rate)
                 paced_cpu = _cpu_seconds(proxy.pid) - cpu0
-                light = await _phase(target, run_id, client_processes, int(LIGHT_RATE * (paced_seconds or 2)),
-                                     LIGHT_RATE)
+                light = await _phase(target, run_id, client_processes, light_cycles, LIGHT_RATE)
+            finally:
+                _stop(proxy)
+            # `--processes N` on one port, the same run
+            port = free_port()
+            proxy = _start_proxy(redis.url, port, processes=processes)
+            target = f"127.0.0.1:{port}"
+            try:
+                await _proxy_clients(target, run_id, CONCURRENCY, min(warmup, cycles), "warm")
+                cpu0 = _cpu_seconds(proxy.pid)
+                several_paced = await _phase(target, run_id, client_processes, paced_cycles, paced_rate)
+                several_cpu = _cpu_seconds(proxy.pid) - cpu0
+                several = await _phase(target, run_id, client_processes, cycles)
             finally:
                 _stop(proxy)
             plain = await _saturated_without_pipelining(redis.url, client_processes, cycles, warmup)
@@ -294,11 +338,11 @@ async def run(quick: bool = False, client_processes: int = 2, paced_rate: float 
             redis.stop()
     ours = saturated["rate"]
     return {
-        # closed loop: 64 clients back to back, as fast as the proxy answers
+        # closed loop through one process: 64 clients back to back, as fast as it answers
         "lease_cycles_per_s": round(ours, 1),
         "saturated_acquire_p50_ms": round(statistics.median(saturated["acquire"]), 3),
         "saturated_acquire_p99_ms": round(_percentile(saturated["acquire"], 0.99), 3),
-        # open loop: the same 64 clients offering `paced_rate` cycles/s in all
+        # open loop: the same 64 clients offering `paced_rate` cycles/s in all, to one process
         "paced_cycles_per_s": round(paced["rate"], 1),
         "acquire_p50_ms": round(statistics.median(paced["acquire"]), 3),
         "acquire_p99_ms": round(_percentile(paced["acquire"], 0.99), 3),
@@ -306,6 +350,11 @@ async def run(quick: bool = False, client_processes: int = 2, paced_rate: float 
         "complete_p99_ms": round(_percentile(paced["complete"], 0.99), 3),
         "proxy_cpu_ms_per_cycle": round(1000 * paced_cpu / max(1, paced["cycles"]), 3),
         "proxy_cores": round(paced_cpu * paced["rate"] / max(1, paced["cycles"]), 3),
+        # the same through `--processes N`, and its closed loop
+        "processes_acquire_p50_ms": round(statistics.median(several_paced["acquire"]), 3),
+        "processes_acquire_p99_ms": round(_percentile(several_paced["acquire"], 0.99), 3),
+        "processes_cpu_ms_per_cycle": round(1000 * several_cpu / max(1, several_paced["cycles"]), 3),
+        "processes_cycles_per_s": round(several["rate"], 1),
         # open loop at a fleet-like load: 64 workers, one cycle every 320 ms each
         "light_acquire_p50_ms": round(statistics.median(light["acquire"]), 3),
         "light_acquire_p99_ms": round(_percentile(light["acquire"], 0.99), 3),
@@ -315,10 +364,11 @@ async def run(quick: bool = False, client_processes: int = 2, paced_rate: float 
         "raw_cycles_per_s": round(raw_rate, 1),
         "raw_acquire_p99_ms": round(_percentile(raw["acquire_ms"], 0.99), 3),
         "cycle_ratio": round(raw_rate / ours, 3),
-        "cycles": saturated["cycles"] + paced["cycles"] + light["cycles"],
-        "denied": saturated["denied"] + paced["denied"] + light["denied"] + plain["denied"],
+        "cycles": sum(p["cycles"] for p in (saturated, paced, light, several_paced, several)),
+        "denied": sum(p["denied"] for p in (saturated, paced, light, several_paced, several, plain)),
         "concurrency": CONCURRENCY,
         "client_processes": client_processes,
+        "processes": processes,
         "target_cycles_per_s": 1000,
         "target_acquire_p99_ms": 25,
     }
