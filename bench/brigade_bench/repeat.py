@@ -12,7 +12,8 @@ says neither gets its median only. The report judges its targets on the worst ru
 The flat summary (what `--json` prints) keeps each figure's key for its median, so a reader of one
 run's JSON reads the same keys, and adds `<key>_worst` (with several runs), `repeat`, and
 `load_before` / `load_after` (each run's 1-minute load average, comma-separated, in run order) and
-`cpu_probe_ms` (before each run, the time of a fixed piece of work on one core: the machine's speed).
+`cpu_probe_ms` / `net_probe_ms` (before each run, the time of a fixed piece of work on one core and
+of 2,000 loopback TCP round trips: how fast the machine is that minute).
 """
 
 from __future__ import annotations
@@ -67,6 +68,31 @@ def cpu_probe_ms(rounds: int = 3) -> float:
         hashlib.sha256(data).digest()
         best = min(best, time.perf_counter() - t0)
     return round(best * 1000, 1)
+
+
+def net_probe_ms(trips: int = 2000) -> float:
+    """Milliseconds of `trips` one-byte round trips over loopback TCP to a child process: the
+    syscalls and context switches a lease cycle is made of. On this VM they slowed by a quarter for
+    an hour (raw Redis cycles 3,100 -> 2,300/s) while cpu_probe_ms did not move."""
+    import socket
+    import subprocess
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        echo = (f"import socket\ns = socket.create_connection(('127.0.0.1', {port}))\n"
+                f"s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)\n"
+                f"for _ in range({trips}):\n    s.sendall(s.recv(1))\n")
+        child = subprocess.Popen([sys.executable, "-c", echo])
+        conn, _ = server.accept()
+        with conn:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            t0 = time.perf_counter()
+            for _ in range(trips):
+                conn.sendall(b"x")
+                conn.recv(1)
+            elapsed = time.perf_counter() - t0
+        child.wait(10)
+    return round(elapsed * 1000, 1)
 
 
 def load_text(load: tuple[float, float, float] | None) -> str:
@@ -125,7 +151,8 @@ def summarize(runs: list[dict]) -> dict:
     out["repeat"] = len(runs)
     for when in ("load_before", "load_after"):
         out[when] = ",".join(f"{r[when][0]:.2f}" if r.get(when) else "?" for r in runs)
-    out["cpu_probe_ms"] = ",".join(f"{r['cpu_probe_ms']:g}" if r.get("cpu_probe_ms") else "?" for r in runs)
+    for probe in ("cpu_probe_ms", "net_probe_ms"):
+        out[probe] = ",".join(f"{r[probe]:g}" if r.get(probe) else "?" for r in runs)
     return out
 
 
@@ -161,18 +188,18 @@ def run_repeated(name: str, quick: bool, repeat: int, out_dir: Path | None = Non
     average before and after. With several runs, each run's JSON goes to stderr as it finishes."""
     runs = []
     for i in range(1, repeat + 1):
-        before, probe = loadavg(), cpu_probe_ms()
+        before, probes = loadavg(), {"cpu_probe_ms": cpu_probe_ms(), "net_probe_ms": net_probe_ms()}
         t0 = time.monotonic()
         if repeat > 1:
-            print(f"== {name} run {i}/{repeat} (load {load_text(before)}, cpu probe {probe:g} ms)", file=sys.stderr,
-                  flush=True)
+            print(f"== {name} run {i}/{repeat} (load {load_text(before)}, probes cpu {probes['cpu_probe_ms']:g} ms, "
+                  f"net {probes['net_probe_ms']:g} ms)", file=sys.stderr, flush=True)
         try:
             result = once(name, quick, out_dir)
         except Exception as e:  # noqa: BLE001 - recorded as the run's result, its traceback on stderr
             traceback.print_exc()
             result = {"error": f"{type(e).__name__}: {e}"[:2000]}
         runs.append({"result": result, "seconds": round(time.monotonic() - t0, 1), "load_before": before,
-                     "load_after": loadavg(), "cpu_probe_ms": probe})
+                     "load_after": loadavg(), **probes})
         if repeat > 1:
             print(json.dumps(result), file=sys.stderr, flush=True)
     return runs

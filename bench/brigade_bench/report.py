@@ -270,15 +270,16 @@ def render_runs(runs: list[dict], summary: dict) -> str:
     lines = ["| figure | median | worst | " + " | ".join(f"run {i}" for i in range(1, n + 1)) + " |",
              "|---|---|---|" + "---|" * n]
     for k, v in summary.items():
-        if k.startswith("plot") or k.endswith("_worst") or k in ("repeat", "load_before", "load_after", "cpu_probe_ms"):
+        if k.startswith("plot") or k.endswith("_worst") or k in ("repeat", "load_before", "load_after", "cpu_probe_ms", "net_probe_ms"):
             continue
         each = [_shown(run["result"].get(k, "")) for run in runs]
         worst = summary.get(f"{k}_worst", "")
         lines.append(f"| `{k}` | {_cell(_shown(v))} | {_cell(_shown(worst))} | " + " | ".join(map(_cell, each)) + " |")
-    lines += ["", "| run | load before (1, 5, 15 min) | load after | cpu probe before (ms) | seconds |",
+    lines += ["", "| run | load before (1, 5, 15 min) | load after | cpu / net probe before (ms) | seconds |",
               "|---|---|---|---|---|"]
     lines += [f"| {i} | {load_text(run.get('load_before'))} | {load_text(run.get('load_after'))} | "
-              f"{run.get('cpu_probe_ms', '?')} | {run.get('seconds', 0):.0f} |" for i, run in enumerate(runs, 1)]
+              f"{run.get('cpu_probe_ms', '?')} / {run.get('net_probe_ms', '?')} | {run.get('seconds', 0):.0f} |"
+              for i, run in enumerate(runs, 1)]
     return "\n".join(lines)
 
 

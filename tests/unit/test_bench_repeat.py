@@ -22,7 +22,7 @@ def test_which_way_is_better_is_read_off_the_name():
 
 def _runs(*results: dict) -> list[dict]:
     return [{"result": r, "seconds": 1.0, "load_before": (0.5 + i, 0.4, 0.3), "load_after": (1.5 + i, 0.4, 0.3),
-             "cpu_probe_ms": 30.0 + i} for i, r in enumerate(results)]
+             "cpu_probe_ms": 30.0 + i, "net_probe_ms": 25.5} for i, r in enumerate(results)]
 
 
 def test_summary_is_median_and_worst_with_the_load_of_each_run():
@@ -36,7 +36,7 @@ def test_summary_is_median_and_worst_with_the_load_of_each_run():
     assert s["ok"] is True and s["ok_worst"] is False                        # most runs said true; one did not
     assert s["plot"] == "c.png" and s["repeat"] == 3
     assert s["load_before"] == "0.50,1.50,2.50" and s["load_after"] == "1.50,2.50,3.50"
-    assert s["cpu_probe_ms"] == "30,31,32"
+    assert s["cpu_probe_ms"] == "30,31,32" and s["net_probe_ms"] == "25.5,25.5,25.5"
     two = repeat.summarize(runs[:2])
     assert two["rounds"] == 3 and type(two["rounds"]) is int and two["get_ratio"] == 1.175  # mean of the pair
     one = repeat.summarize(runs[:1])
@@ -55,8 +55,8 @@ def test_a_failed_run_is_recorded_and_the_others_still_count(capsys):
     runs = repeat.run_repeated("fake", True, 3, once=once)
     assert [r["result"].get("error") for r in runs] == [None, "RuntimeError: boom", None]
     assert all(r["load_before"] is not None and r["load_after"] is not None for r in runs)
-    # the machine's speed before each run: a fixed piece of work, timed (positive, and not absurd)
-    assert all(0 < r["cpu_probe_ms"] < 60_000 for r in runs)
+    # the machine's speed before each run: fixed pieces of work, timed (positive, and not absurd)
+    assert all(0 < r["cpu_probe_ms"] < 60_000 and 0 < r["net_probe_ms"] < 60_000 for r in runs)
     s = repeat.summarize(runs)
     assert s["x_ms"] == 3.0 and s["x_ms_worst"] == 4.0 and s["runs_failed"] == 1 and "boom" in s["error"]
     assert "Traceback" in capsys.readouterr().err
