@@ -32,3 +32,11 @@ async def test_a_failed_read_frees_its_thread():
     late = StreamingSha256()
     late.update(b"abc")
     assert await asyncio.wait_for(late.hexdigest(), 10) == hashlib.sha256(b"abc").hexdigest()
+
+
+async def test_a_small_body_is_hashed_on_the_spot_to_the_same_digest():
+    inline = StreamingSha256(threaded=False)
+    for chunk in (b"ab", b"", b"c" * 5000):
+        inline.update(chunk)
+    inline.close()
+    assert await inline.hexdigest() == hashlib.sha256(b"ab" + b"c" * 5000).hexdigest()

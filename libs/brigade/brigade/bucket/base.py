@@ -67,22 +67,26 @@ def start_sha256(data: bytes | bytearray | memoryview) -> asyncio.Future[str]:
 
 
 class StreamingSha256:
-    """sha256 of bytes that arrive in chunks, hashed by a worker thread while the next chunks are
-    still on the wire: `update` only queues the chunk (a microsecond on the event loop) and hashlib
-    releases the GIL while it hashes, so the digest costs the loop nothing and is ready about one
-    chunk after the last byte. Hashing on the loop instead put 34 MiB of sha256 (~24 ms at
-    1.4 GB/s) in series with reading the body. `hexdigest()` must be awaited once; `close()`
-    (idempotent) stops the thread when the read fails."""
+    """sha256 of bytes that arrive in chunks. With `threaded`, a worker thread hashes them while the
+    next chunks are still on the wire: `update` only queues the chunk (a microsecond on the event
+    loop) and hashlib releases the GIL while it hashes, so the digest costs the loop nothing and is
+    ready about one chunk after the last byte (hashing on the loop put 34 MiB of sha256, ~24 ms at
+    1.4 GB/s, in series with reading the body). Without it, each chunk is hashed on the spot: for a
+    small body a thread hop would cost more than the hash. `hexdigest()` must be awaited once;
+    `close()` (idempotent) stops the thread when the read fails."""
 
     _END = None
     # its own threads: a drain holds one for the whole read, and must not keep asyncio.to_thread
     # callers (or aiohttp's DNS lookups) waiting behind a batch of concurrent downloads
     _POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="brigade-sha256")
 
-    def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+    def __init__(self, threaded: bool = True) -> None:
         self._hasher = hashlib.sha256()
-        self._done = asyncio.get_running_loop().run_in_executor(self._POOL, self._drain)
+        self._queue: queue.SimpleQueue[bytes | None] | None = None
+        self._done: asyncio.Future[str] | None = None
+        if threaded:
+            self._queue = queue.SimpleQueue()
+            self._done = asyncio.get_running_loop().run_in_executor(self._POOL, self._drain)
         self._closed = False
 
     def _drain(self) -> str:
@@ -91,16 +95,20 @@ class StreamingSha256:
         return self._hasher.hexdigest()
 
     def update(self, chunk: bytes) -> None:
-        self._queue.put(chunk)
+        if self._queue is None:
+            self._hasher.update(chunk)
+        else:
+            self._queue.put(chunk)
 
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            self._queue.put(self._END)
+            if self._queue is not None:
+                self._queue.put(self._END)
 
     async def hexdigest(self) -> str:
         self.close()
-        return await self._done
+        return self._hasher.hexdigest() if self._done is None else await self._done
 
 
 # Names the local backend uses for in-progress writes; keys may not collide with them.

@@ -9,7 +9,6 @@ objects, and sha256 computed alongside the transfer instead of after it.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -514,11 +513,8 @@ class S3Bucket(Bucket):
         chunks: list[bytes] = []
         total = 0
         expected = resp.get("ContentLength")
-        # a big body is hashed by a thread as it arrives (StreamingSha256); a small one on the loop,
-        # where a thread hop would cost more than the hash
-        hasher: Any = None
-        if sha256 is not None:
-            hasher = StreamingSha256() if (expected or 0) >= _STREAM_HASH_BYTES else hashlib.sha256()
+        # a big body is hashed by a thread as it arrives, a small one on the loop (StreamingSha256)
+        hasher = StreamingSha256(threaded=(expected or 0) >= _STREAM_HASH_BYTES) if sha256 is not None else None
         try:
             async with body:
                 while chunk := await (readany() if readany is not None else body.read(CHUNK_SIZE)):
@@ -531,11 +527,10 @@ class S3Bucket(Bucket):
         except _TRANSPORT_ERRORS as e:
             raise _TornRead(f"GetObject (reading body): {type(e).__name__}: {e}") from e
         finally:
-            if isinstance(hasher, StreamingSha256):
+            if hasher is not None:
                 hasher.close()
         if hasher is not None:
-            digest = await hasher.hexdigest() if isinstance(hasher, StreamingSha256) else hasher.hexdigest()
-            self._check_digest(key, sha256, digest)
+            self._check_digest(key, sha256, await hasher.hexdigest())
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     async def stream(self, key: str, chunk_size: int = CHUNK_SIZE) -> AsyncIterator[bytes]:
