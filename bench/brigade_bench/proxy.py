@@ -269,6 +269,13 @@ def _cpu_seconds(pid: int) -> float:
         return float("nan")
 
 
+async def _phase_with_cpu(pid: int, *phase_args) -> tuple[dict, float]:
+    """A `_phase`, and the CPU seconds the proxy (process `pid` and its children) spent on it."""
+    cpu0 = _cpu_seconds(pid)
+    result = await _phase(*phase_args)
+    return result, _cpu_seconds(pid) - cpu0
+
+
 def _stop(proc: subprocess.Popen) -> None:
     proc.terminate()
     try:
@@ -313,9 +320,8 @@ async def run(quick: bool = False, client_processes: int = 2, paced_rate: float 
                 await _create_run(target, run_id, 2 * (cycles + paced_cycles + warmup) + light_cycles + 2000)
                 await _proxy_clients(target, run_id, CONCURRENCY, min(warmup, cycles), "warm")
                 saturated = await _phase(target, run_id, client_processes, cycles)
-                cpu0 = _cpu_seconds(proxy.pid)
-                paced = await _phase(target, run_id, client_processes, paced_cycles, paced_rate)
-                paced_cpu = _cpu_seconds(proxy.pid) - cpu0
+                paced, paced_cpu = await _phase_with_cpu(proxy.pid, target, run_id, client_processes, paced_cycles,
+                                                         paced_rate)
                 light = await _phase(target, run_id, client_processes, light_cycles, LIGHT_RATE)
             finally:
                 _stop(proxy)
@@ -325,9 +331,8 @@ async def run(quick: bool = False, client_processes: int = 2, paced_rate: float 
             target = f"127.0.0.1:{port}"
             try:
                 await _proxy_clients(target, run_id, CONCURRENCY, min(warmup, cycles), "warm")
-                cpu0 = _cpu_seconds(proxy.pid)
-                several_paced = await _phase(target, run_id, client_processes, paced_cycles, paced_rate)
-                several_cpu = _cpu_seconds(proxy.pid) - cpu0
+                several_paced, several_cpu = await _phase_with_cpu(proxy.pid, target, run_id, client_processes,
+                                                                   paced_cycles, paced_rate)
                 several = await _phase(target, run_id, client_processes, cycles)
             finally:
                 _stop(proxy)

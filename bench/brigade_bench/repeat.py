@@ -37,6 +37,10 @@ LOWER = ("_ratio", "_ratio_cpu", "_ms", "_s", "_idle", "_idle_from_go", "_loss",
          "_overrun_frac", "denied", "_leases")
 
 
+# what each run records beside its result, besides the load average (the summary's keys for them)
+PROBES = ("cpu_probe_ms", "net_probe_ms")
+
+
 def better(key: str) -> str | None:
     """'higher', 'lower' or None (unknown) for a figure's name."""
     name = key.lower()
@@ -52,6 +56,11 @@ def loadavg() -> tuple[float, float, float] | None:
         return os.getloadavg()
     except OSError:
         return None
+
+
+def probes() -> dict[str, float]:
+    """The machine's speed before a run, by PROBES: a piece of CPU work and a batch of loopback round trips."""
+    return {"cpu_probe_ms": cpu_probe_ms(), "net_probe_ms": net_probe_ms()}
 
 
 def cpu_probe_ms(rounds: int = 3) -> float:
@@ -78,6 +87,7 @@ def net_probe_ms(trips: int = 2000) -> float:
     import subprocess
 
     with socket.create_server(("127.0.0.1", 0)) as server:
+        server.settimeout(30)  # a child that never connects fails the probe, not the benchmark's wait
         port = server.getsockname()[1]
         echo = (f"import socket\ns = socket.create_connection(('127.0.0.1', {port}))\n"
                 f"s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)\n"
@@ -151,7 +161,7 @@ def summarize(runs: list[dict]) -> dict:
     out["repeat"] = len(runs)
     for when in ("load_before", "load_after"):
         out[when] = ",".join(f"{r[when][0]:.2f}" if r.get(when) else "?" for r in runs)
-    for probe in ("cpu_probe_ms", "net_probe_ms"):
+    for probe in PROBES:
         out[probe] = ",".join(f"{r[probe]:g}" if r.get(probe) else "?" for r in runs)
     return out
 
@@ -188,18 +198,18 @@ def run_repeated(name: str, quick: bool, repeat: int, out_dir: Path | None = Non
     average before and after. With several runs, each run's JSON goes to stderr as it finishes."""
     runs = []
     for i in range(1, repeat + 1):
-        before, probes = loadavg(), {"cpu_probe_ms": cpu_probe_ms(), "net_probe_ms": net_probe_ms()}
+        before, speed = loadavg(), probes()
         t0 = time.monotonic()
         if repeat > 1:
-            print(f"== {name} run {i}/{repeat} (load {load_text(before)}, probes cpu {probes['cpu_probe_ms']:g} ms, "
-                  f"net {probes['net_probe_ms']:g} ms)", file=sys.stderr, flush=True)
+            print(f"== {name} run {i}/{repeat} (load {load_text(before)}, probes cpu {speed['cpu_probe_ms']:g} ms, "
+                  f"net {speed['net_probe_ms']:g} ms)", file=sys.stderr, flush=True)
         try:
             result = once(name, quick, out_dir)
         except Exception as e:  # noqa: BLE001 - recorded as the run's result, its traceback on stderr
             traceback.print_exc()
             result = {"error": f"{type(e).__name__}: {e}"[:2000]}
         runs.append({"result": result, "seconds": round(time.monotonic() - t0, 1), "load_before": before,
-                     "load_after": loadavg(), **probes})
+                     "load_after": loadavg(), **speed})
         if repeat > 1:
             print(json.dumps(result), file=sys.stderr, flush=True)
     return runs

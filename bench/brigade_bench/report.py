@@ -19,7 +19,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from brigade_bench.repeat import bench_module, default_repeat, load_text, loadavg, run_repeated, summarize
+from brigade_bench.repeat import (
+    PROBES,
+    bench_module,
+    default_repeat,
+    load_text,
+    loadavg,
+    run_repeated,
+    summarize,
+)
 
 ORDER = ["bucket", "proxy", "learner", "rollout", "fleet", "sync-latency", "preemption", "topology", "scale", "real"]
 
@@ -270,7 +278,7 @@ def render_runs(runs: list[dict], summary: dict) -> str:
     lines = ["| figure | median | worst | " + " | ".join(f"run {i}" for i in range(1, n + 1)) + " |",
              "|---|---|---|" + "---|" * n]
     for k, v in summary.items():
-        if k.startswith("plot") or k.endswith("_worst") or k in ("repeat", "load_before", "load_after", "cpu_probe_ms", "net_probe_ms"):
+        if k.startswith("plot") or k.endswith("_worst") or k in ("repeat", "load_before", "load_after", *PROBES):
             continue
         each = [_shown(run["result"].get(k, "")) for run in runs]
         worst = summary.get(f"{k}_worst", "")
