@@ -1,7 +1,7 @@
 """brigade's Redis clients against real redis-servers and the installed redis-py: long polls that
 outlast redis-py 8's 5 s default socket timeout, the pipelining client and the redis-py pools over
-TLS with a CA, and a full Redis (maxmemory, noeviction): a transient RESOURCE_EXHAUSTED that says
-so, and no half-written lease state."""
+TLS with a CA, a full Redis (maxmemory, noeviction): a transient RESOURCE_EXHAUSTED that says
+so, and no half-written lease state; and a Redis still loading its data after a restart: UNAVAILABLE."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import ipaddress
 import shutil
 import subprocess
 import threading
+import time
 
 import grpc
 import pytest
@@ -227,3 +228,37 @@ def test_oom_replies_are_redis_py_out_of_memory_errors():
 
     value, _ = parse(b"-OOM command not allowed when used memory > 'maxmemory'.\r\n", 0)
     assert isinstance(value, OutOfMemory) and isinstance(value, redis.exceptions.OutOfMemoryError)
+
+
+def test_a_loading_redis_is_unavailable_not_an_internal_error(small_redis):
+    """A restarted Redis answers LOADING until its data is back in memory (a big dataset: seconds). The
+    proxy says UNAVAILABLE (the learner and the workers call again), never INTERNAL (which they give up
+    on), and grants as soon as the data is loaded. Loading is slowed for real: Redis's own
+    key-load-delay, and events served during the load every 1 KiB instead of every 2 MB."""
+    admin = redis.Redis.from_url(small_redis.url)
+    proxy = BackgroundProxy(small_redis.url)
+    run = new_run_id("loading")
+    try:
+        with grpc.insecure_channel(proxy.target) as ch:
+            pbg.RunServiceStub(ch).CreateRun(pb.CreateRunRequest(spec=make_spec(run), prompts=make_prompts(4)),
+                                             timeout=30)
+            admin.mset({f"filler:{i}": "x" * 64 for i in range(100)})
+            admin.save()  # the RDB the restart loads: ~120 keys at 20 ms each
+            admin.close()
+            small_redis.argv += ["--key-load-delay", "20000", "--loading-process-events-interval-bytes", "1024"]
+            small_redis.restart()
+            leases, answers = pbg.LeaseServiceStub(ch), []
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                try:
+                    assert leases.AcquireLease(pb.AcquireLeaseRequest(run_id=run, worker_id="w"), timeout=10).granted
+                    break
+                except grpc.RpcError as e:
+                    answers.append((e.code(), e.details()))
+                    time.sleep(0.05)
+            else:
+                pytest.fail(f"no lease within 60 s of the restart: {answers[-3:]}")
+    finally:
+        proxy.close()
+    assert {code for code, _ in answers} == {grpc.StatusCode.UNAVAILABLE}, answers
+    assert any("loading its data" in details for _, details in answers), answers

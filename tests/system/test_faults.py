@@ -225,15 +225,16 @@ def test_run_survives_s3_faults_corruption_and_a_redis_restart(tmp_path, one_tor
         system.finish(timeout=300)
         report = system.audit()
         with system.r() as r:
-            completed_by = {f[b"lease"].decode(): f[b"worker"].decode()
-                            for _, f in r.xrange(keys.RunKeys(system.run).events)
-                            if f.get(b"type") == b"RolloutCompleted"}
+            events = [f for _, f in r.xrange(keys.RunKeys(system.run).events)]
+        completed_by = {f[b"lease"].decode(): f[b"worker"].decode() for f in events if f.get(b"type") == b"RolloutCompleted"}
+        revoked = {f[b"lease"].decode() for f in events if f.get(b"type") == b"LeaseRevoked"}
         stats, corrupted, detail = dict(system.faulty.stats), list(system.faulty.corrupted), system.detail
         restarts = {n: s.starts for n, s in system.services.items()}
     problems = report.pop("problems")
     report.update(s3_faults=stats, corrupted=len(corrupted),
                   leases_at_restart=len(leases_at_restart),
                   completed_after_restart_by_holder=sum(completed_by.get(i) == w for i, w in leases_at_restart.items()),
+                  revoked_after_restart=sum(i in revoked for i in leases_at_restart),
                   wall_s=round(time.monotonic() - t0, 1))
     with capsys.disabled():
         print("\nFAULTS " + json.dumps(report), flush=True)
@@ -248,5 +249,8 @@ def test_run_survives_s3_faults_corruption_and_a_redis_restart(tmp_path, one_tor
     for b in corrupt_batches:
         assert b not in detail["consumed"], f"{b} was corrupted in flight and trained on"
         assert detail["rejected"].get(b) == "learner" and detail["learner_reasons"].get(b) == "corrupt", b
-    # a lease granted before the restart was completed after it, by the worker that held it
-    assert report["completed_after_restart_by_holder"] >= 1, (leases_at_restart, completed_by)
+    # every lease granted before the restart outlived it: its holder completed it afterwards, or the janitor
+    # revoked it as stale (the learner ran max_staleness versions past it first). A lease the restart lost
+    # would do neither: the proxy would refuse its completion and the janitor would never see it expire.
+    for lease, holder in leases_at_restart.items():
+        assert completed_by.get(lease) == holder or lease in revoked, (lease, holder, completed_by, revoked)

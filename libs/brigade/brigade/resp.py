@@ -44,8 +44,15 @@ class OutOfMemory(ReplyError, redis.exceptions.OutOfMemoryError):
 TLS_PARAMETERS = frozenset({"ssl_ca_certs", "ssl_check_hostname"})
 
 
+class Loading(ReplyError, redis.exceptions.BusyLoadingError):
+    """Redis is loading its dataset after a restart and runs nothing until it is done (redis-py's
+    BusyLoadingError, a ConnectionError: the command did not run, call again shortly)."""
+
+
 def reply_error(message: str) -> ReplyError:
-    return (OutOfMemory if message.startswith("OOM ") else ReplyError)(message)
+    if message.startswith("OOM "):
+        return OutOfMemory(message)
+    return (Loading if message.startswith("LOADING ") else ReplyError)(message)
 
 
 class _Incomplete(Exception):

@@ -38,10 +38,10 @@ def _status(e: Exception) -> tuple[grpc.StatusCode, str, bool]:
         return grpc.StatusCode[e.code], str(e), False
     if isinstance(e, redis.exceptions.OutOfMemoryError):
         return grpc.StatusCode.RESOURCE_EXHAUSTED, REDIS_FULL, True
+    if isinstance(e, redis.exceptions.BusyLoadingError):  # a ConnectionError too: checked first, for its message
+        return grpc.StatusCode.UNAVAILABLE, "Redis is loading its data after a restart; retry shortly", False
     if isinstance(e, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
         return grpc.StatusCode.UNAVAILABLE, f"the proxy cannot reach Redis: {e}", False
-    if isinstance(e, redis.exceptions.BusyLoadingError):
-        return grpc.StatusCode.UNAVAILABLE, "Redis is loading its data; retry shortly", False
     if isinstance(e, BucketError):
         return grpc.StatusCode.UNAVAILABLE, f"bucket error: {e}", False
     return grpc.StatusCode.INTERNAL, f"internal error in the proxy ({type(e).__name__}); see the proxy log", False
