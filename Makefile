@@ -1,6 +1,8 @@
 # Every target uses .venv and creates it first when it is missing, so a fresh clone works.
 PY      := .venv/bin/python
 VENV_OK := .venv/.installed
+# pytest-xdist processes for `make test` (the system tests stay on one of them, one at a time)
+TEST_PROCESSES ?= 2
 export PYTHONDONTWRITEBYTECODE=1
 
 .PHONY: install lock proto spec-table test test-unit lint demo real bench chaos clean
@@ -65,7 +67,7 @@ spec-table: $(VENV_OK)
 	$(PY) -m brigade.spec_table --readme README.md
 
 test: $(VENV_OK)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(TEST_PROCESSES) --dist loadgroup tests
 
 test-unit: $(VENV_OK)
 	$(PY) -m pytest -q tests/unit

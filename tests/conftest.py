@@ -12,6 +12,15 @@ import pytest
 from brigade_cli.devservers import MOTO_ENV, start_moto, start_redis, start_redis_cluster
 
 
+def pytest_collection_modifyitems(items):
+    """`make test` runs on two processes (pytest-xdist, --dist loadgroup). The system tests each start
+    a whole run (a dozen processes, timing-sensitive leases): they go to one process, one after the
+    other, while the other takes the unit and integration tests."""
+    for item in items:
+        if item.path.parent.name == "system":
+            item.add_marker(pytest.mark.xdist_group("system"))
+
+
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory):
     server = start_redis(tmp_path_factory.mktemp("redis"), appendonly=True)

@@ -1,5 +1,7 @@
-"""The demo's base model, task and reward: built once into a temp dir, loaded back like every
-service loads it, partly competent, cached, LoRA-ready, and able to climb under GRPO."""
+"""The demo's base model, task and reward: built once into the shared cache (the folder every service
+of the system tests loads it from, so the ~30 s build is paid once per session, by whichever test
+comes first), loaded back like every service loads it, partly competent, cached, LoRA-ready, and
+able to climb under GRPO."""
 
 from __future__ import annotations
 
@@ -28,8 +30,8 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return build.build_demo_model(tmp_path_factory.mktemp("demo") / "model")
+def model_dir():
+    return build.build_demo_model()
 
 
 @pytest.fixture(scope="module")
