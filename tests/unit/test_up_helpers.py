@@ -101,3 +101,30 @@ def test_live_line_on_a_terminal_redraws_in_place(capsys):
     p.close()
     out = capsys.readouterr().out
     assert "step 2/5" in out and "plain" not in out
+
+
+def test_a_sigterm_during_the_progress_poll_is_not_swallowed():
+    """`up` polls the proxy inside `asyncio.run`, guarded by a best-effort `except Exception`; a SIGTERM
+    landing there must still reach the ordered stop (it once became "progress unavailable: Stopped"
+    and the run trained on to its end, exit 0)."""
+    import asyncio
+    import signal
+
+    from brigade_cli.up import Stopped, _raise_stopped
+
+    async def poll():
+        os.kill(os.getpid(), signal.SIGTERM)
+        await asyncio.sleep(5)
+
+    previous = signal.signal(signal.SIGTERM, _raise_stopped)
+    try:
+        try:
+            asyncio.run(poll())
+        except Exception:  # what up's loop does with a failed poll
+            raise AssertionError("the SIGTERM was swallowed as a failed poll") from None
+    except Stopped as e:
+        assert e.signum == signal.SIGTERM
+    else:
+        raise AssertionError("the SIGTERM was lost")
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -36,8 +36,10 @@ STALL_MIN_FAILURES = 3
 EXIT_FINISHED, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_MAX_WALL = 0, 1, 2, 3
 
 
-class Stopped(Exception):
-    """A signal asked `up` to stop; it stops every service in order, as for Ctrl-C."""
+class Stopped(BaseException):
+    """A signal asked `up` to stop; it stops every service in order, as for Ctrl-C. A BaseException,
+    as KeyboardInterrupt is: the best-effort `except Exception` around the progress poll must not
+    swallow a SIGTERM that lands while the poll runs (the run then trained on to its end, exit 0)."""
 
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
