@@ -432,9 +432,11 @@ async def test_learner_repairs_redis_that_lost_its_last_writes(tmp_path, file_bu
 
 
 async def test_an_ack_naming_a_batch_redis_lost_still_lands(redis_url):
-    """The learner trained a batch whose completion Redis then lost: an ack naming it consumed is
-    refused (never completed). The rest of that ack must still land (deliveries, step, metrics, the
-    other batches' fates); the lost batch gets its fate when its regenerated copy comes back."""
+    """The learner trained a batch whose completion Redis then lost, along with the batch's cut (so it
+    is not outstanding work either): an ack naming it consumed is refused (never completed). The rest
+    of that ack must still land (deliveries, step, metrics, the other batches' fates); the lost batch
+    gets its fate when it is cut again and its copy comes back. (A batch Redis still holds as work is
+    recovered by the ack itself: test_store.py.)"""
     from proxy_support import make_prompts, make_spec, new_run_id
 
     from brigade.store import Store

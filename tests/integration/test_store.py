@@ -19,6 +19,7 @@ from brigade.store import (
     RunInfo,
     Store,
 )
+from brigade.store.sweeps import SweepResult
 from brigade.v1 import brigade_pb2 as pb
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -321,6 +322,37 @@ async def test_ack_refusals(q):
         await q.learner.ack(run, "L", [], ["other:0:0"], [], step=1)
     with pytest.raises(InvalidArgument, match="stream entry id"):
         await q.learner.ack(run, "L", ["nope"], [], [], step=1)
+
+
+async def test_a_trained_batch_whose_completion_redis_lost_is_recovered_by_the_ack(q):
+    """A Redis crash lost a completion after the learner trained on the batch: Redis holds the batch as
+    outstanding work again (leased, or queued as its next attempt). The learner's ack of it as consumed
+    is the record: completed and consumed, its work taken back (never generated again, never
+    dead-lettered), the late completion a duplicate. Ids Redis does not hold are still refused."""
+    run = await new_run(q)
+    k = keys.RunKeys(run)
+    leased, queued = await q.leases.acquire(run, "w"), await q.leases.acquire(run, "w2")
+    await q.sweeps.expire_leases(run, min_idle_ms=0)  # both taken back: attempt 2 of each is queued
+    relet = await q.leases.acquire(run, "w3")         # one of them leased again
+    b_leased, b_queued = relet.lease.batch.batch_id, ({leased.lease.batch.batch_id, queued.lease.batch.batch_id}
+                                                      - {relet.lease.batch.batch_id}).pop()
+    with pytest.raises(InvalidArgument, match="never completed"):  # a rejected id is not recovered
+        await q.learner.ack(run, "L", [], [], [b_queued], step=0)
+    with pytest.raises(InvalidArgument, match="never completed"):  # nor one Redis does not hold at all
+        await q.learner.ack(run, "L", [], [b_leased, f"{run}:0:7"], [], step=1)
+    assert await q.redis.xlen(k.work) == 2 and await q.redis.scard(k.consumed) == 0  # a refusal changes nothing
+
+    await q.learner.ack(run, "L", [], [b_leased, b_queued], [], step=1)
+    state = await q.views.run_state(run)
+    assert (state.consumed, state.learner_step) == (2, 1)
+    assert await q.redis.smembers(k.completed) == {b_leased.encode(), b_queued.encode()}
+    assert await q.redis.xlen(k.work) == 0 and (await q.redis.xpending(k.work, keys.WORK_GROUP))["pending"] == 0
+    recovered = [e.attrs["batch"] for e in await q.views.read_events(run) if e.type == "BatchRecovered"]
+    assert sorted(recovered) == sorted([b_leased, b_queued])
+    assert (await q.leases.complete(run, relet.lease.lease_id, "w3", manifest(run, relet, worker="w3"))).duplicate
+    assert await q.sweeps.expire_leases(run, min_idle_ms=0) == SweepResult()  # nothing left to requeue
+    nxt = await q.leases.acquire(run, "w")
+    assert nxt.lease.batch.batch_id not in (b_leased, b_queued) and nxt.lease.attempt == 1
 
 
 async def test_metrics_last(q):

@@ -338,6 +338,9 @@ def test_chaos_redis_crash_loses_its_last_second(tmp_path, one_torch_thread, cap
         # what the learner had to do about it (shown, not asserted: a lost second need not hold a commit)
         repairs = Counter(e["event"] for e in system.log_events("learner", new_only=False) if e.get("event") in (
             "redis_behind_checkpoint", "ack_refused", "batch_fate_refused", "rollout_duplicate", "proxy_unreachable"))
+        with system.r() as r:  # trained batches whose lost completion the learner's ack restored
+            repairs["batch_recovered"] = sum(f.get(b"type") == b"BatchRecovered"
+                                             for _, f in r.xrange(keys.RunKeys(system.run).events))
     problems = report.pop("problems")
     report.pop("rejection_reasons")
     report.update(mode="redis-crash", redis_crashes=crashes, learner=dict(repairs),

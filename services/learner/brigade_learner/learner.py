@@ -142,10 +142,11 @@ class Learner:
         except grpc.aio.AioRpcError as e:
             if e.code() != grpc.StatusCode.INVALID_ARGUMENT or not (consumed or rejected):
                 raise
-            # a batch id Redis does not know as completed: a forged manifest's, or one whose completion
-            # Redis lost in a crash (its regenerated copy is acked as consumed when it comes back as a
-            # duplicate). The rest of the ack must still land: each batch alone, then the deliveries
-            # and the step (after the batches: the proxy holds a step to what the consumed batches make).
+            # a batch id Redis knows neither as completed nor as outstanding work: a forged manifest's,
+            # or one whose completion and cut a Redis crash both lost (its copy is acked as consumed when
+            # it is cut again and comes back as a duplicate). The rest of the ack must still land: each
+            # batch alone, then the deliveries and the step (after the batches: the proxy holds a step
+            # to what the consumed batches make).
             log.warning("ack_refused", batch_ids=[*consumed, *rejected][:20], error=e.details())
             for fate in [([b], []) for b in consumed] + [([], [b]) for b in rejected]:
                 try:

@@ -1,6 +1,6 @@
 -- The learner's checkpoint covers these: ack the deliveries, record consumed / rejected batches,
 -- move the learner step forward, keep the step's metrics.
--- KEYS: rollouts consumed rejected learner_step metrics stats events completed
+-- KEYS: rollouts consumed rejected learner_step metrics stats events completed work
 -- ARGV: step metrics_json n_deliveries n_consumed learner batches_per_step max_advance max_steps metrics_maxlen ids...
 -- FLAGS: allow-oom
 -- Reply: {'ok', acked, consumed, rejected} | {'err', kind, message}
@@ -11,14 +11,31 @@
 -- Redis that lost the completions of batches it trained (acked one commit at a time); the second,
 -- a Redis that lost many step acks but kept the batches. Checked before anything changes.
 -- A batch of a compacted epoch (common.lua) already has its fate: acking it again changes nothing.
+-- A consumed batch Redis does not know as completed, but holds as outstanding work (queued again, or
+-- leased again), is one whose completion a Redis crash lost after the learner trained on it: the
+-- learner's checkpoint is the record. It is completed and consumed now, and its work entries are taken
+-- back, so it is neither generated again nor, once its attempts run out, dead-lettered though trained.
 local ids = A.ids
 local nd, nc = tonumber(A.n_deliveries), tonumber(A.n_consumed)
-local old = {}
+local old, outstanding, recovered = {}, nil, {}
 for i = nd + 1, #ids do
   if compacted(K.stats, ids[i]) then
     old[ids[i]] = true
   elseif redis.call('SISMEMBER', K.completed, ids[i]) == 0 then
-    return refuse('invalid', 'batch ' .. ids[i] .. ' was never completed in this run')
+    if outstanding == nil then  -- the work stream holds at most the admission capacity: read it once
+      outstanding = {}
+      for _, e in ipairs(redis.call('XRANGE', K.work, '-', '+')) do
+        local b = tomap(e[2])['batch']
+        if b then
+          outstanding[b] = outstanding[b] or {}
+          table.insert(outstanding[b], e[1])
+        end
+      end
+    end
+    if i > nd + nc or not outstanding[ids[i]] then
+      return refuse('invalid', 'batch ' .. ids[i] .. ' was never completed in this run')
+    end
+    recovered[ids[i]] = outstanding[ids[i]]
   end
 end
 local step = tonumber(A.step)
@@ -38,6 +55,14 @@ if max_steps > 0 and reachable > max_steps then reachable = max_steps end
 if step > reachable then
   return refuse('invalid', 'step ' .. A.step .. ' is beyond what the run can have reached (' .. fmt(reachable) ..
                 ': one commit past the stored step, or what ' .. fmt(will_consume) .. ' consumed batches make)')
+end
+for batch, entries in pairs(recovered) do
+  for _, id in ipairs(entries) do
+    redis.call('XACK', K.work, WORK_GROUP, id)
+    redis.call('XDEL', K.work, id)
+  end
+  redis.call('SADD', K.completed, batch)
+  event(K.events, 'BatchRecovered', 'batch', batch, 'learner', A.learner)
 end
 local acked = 0
 for i = 1, nd do
