@@ -6,6 +6,7 @@ so, and no half-written lease state; and a Redis still loading its data after a 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import ipaddress
 import shutil
@@ -200,27 +201,34 @@ async def test_a_full_redis_refuses_whole_lease_operations(small_redis, pipeline
         await store.close()
 
 
-def test_a_full_redis_is_a_transient_resource_exhausted(small_redis):
-    admin = redis.Redis.from_url(small_redis.url)
-    proxy = BackgroundProxy(small_redis.url)
-    run = new_run_id("oom")
+@contextlib.contextmanager
+def run_behind_a_proxy(server, name: str):
+    """A proxy (in a thread) on `server` with a fresh 4-prompt run: (a channel to it, the run id)."""
+    proxy = BackgroundProxy(server.url)
+    run = new_run_id(name)
     try:
         with grpc.insecure_channel(proxy.target) as ch:
             pbg.RunServiceStub(ch).CreateRun(pb.CreateRunRequest(spec=make_spec(run), prompts=make_prompts(4)),
                                              timeout=30)
-            admin.config_set("maxmemory", 1)
-            try:
-                with pytest.raises(grpc.RpcError) as e:
-                    pbg.LeaseServiceStub(ch).AcquireLease(pb.AcquireLeaseRequest(run_id=run, worker_id="w"), timeout=10)
-            finally:
-                admin.config_set("maxmemory", 0)
-            assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-            assert "Redis is full" in e.value.details()
-            assert is_transient(e.value)  # the learner and the workers wait and call again
-            assert pbg.LeaseServiceStub(ch).AcquireLease(pb.AcquireLeaseRequest(run_id=run, worker_id="w"),
-                                                         timeout=10).granted
+            yield ch, run
     finally:
         proxy.close()
+
+
+def test_a_full_redis_is_a_transient_resource_exhausted(small_redis):
+    admin = redis.Redis.from_url(small_redis.url)
+    with run_behind_a_proxy(small_redis, "oom") as (ch, run):
+        admin.config_set("maxmemory", 1)
+        try:
+            with pytest.raises(grpc.RpcError) as e:
+                pbg.LeaseServiceStub(ch).AcquireLease(pb.AcquireLeaseRequest(run_id=run, worker_id="w"), timeout=10)
+        finally:
+            admin.config_set("maxmemory", 0)
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "Redis is full" in e.value.details()
+        assert is_transient(e.value)  # the learner and the workers wait and call again
+        assert pbg.LeaseServiceStub(ch).AcquireLease(pb.AcquireLeaseRequest(run_id=run, worker_id="w"),
+                                                     timeout=10).granted
 
 
 def test_oom_replies_are_redis_py_out_of_memory_errors():
@@ -236,29 +244,22 @@ def test_a_loading_redis_is_unavailable_not_an_internal_error(small_redis):
     on), and grants as soon as the data is loaded. Loading is slowed for real: Redis's own
     key-load-delay, and events served during the load every 1 KiB instead of every 2 MB."""
     admin = redis.Redis.from_url(small_redis.url)
-    proxy = BackgroundProxy(small_redis.url)
-    run = new_run_id("loading")
-    try:
-        with grpc.insecure_channel(proxy.target) as ch:
-            pbg.RunServiceStub(ch).CreateRun(pb.CreateRunRequest(spec=make_spec(run), prompts=make_prompts(4)),
-                                             timeout=30)
-            admin.mset({f"filler:{i}": "x" * 64 for i in range(100)})
-            admin.save()  # the RDB the restart loads: ~120 keys at 20 ms each
-            admin.close()
-            small_redis.argv += ["--key-load-delay", "20000", "--loading-process-events-interval-bytes", "1024"]
-            small_redis.restart()
-            leases, answers = pbg.LeaseServiceStub(ch), []
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                try:
-                    assert leases.AcquireLease(pb.AcquireLeaseRequest(run_id=run, worker_id="w"), timeout=10).granted
-                    break
-                except grpc.RpcError as e:
-                    answers.append((e.code(), e.details()))
-                    time.sleep(0.05)
-            else:
-                pytest.fail(f"no lease within 60 s of the restart: {answers[-3:]}")
-    finally:
-        proxy.close()
+    with run_behind_a_proxy(small_redis, "loading") as (ch, run):
+        admin.mset({f"filler:{i}": "x" * 64 for i in range(100)})
+        admin.save()  # the RDB the restart loads: ~120 keys at 20 ms each
+        admin.close()
+        small_redis.argv += ["--key-load-delay", "20000", "--loading-process-events-interval-bytes", "1024"]
+        small_redis.restart()
+        leases, answers = pbg.LeaseServiceStub(ch), []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                assert leases.AcquireLease(pb.AcquireLeaseRequest(run_id=run, worker_id="w"), timeout=10).granted
+                break
+            except grpc.RpcError as e:
+                answers.append((e.code(), e.details()))
+                time.sleep(0.05)
+        else:
+            pytest.fail(f"no lease within 60 s of the restart: {answers[-3:]}")
     assert {code for code, _ in answers} == {grpc.StatusCode.UNAVAILABLE}, answers
     assert any("loading its data" in details for _, details in answers), answers
