@@ -157,6 +157,16 @@ def aof_tail_file(redis_dir: Path) -> Path:
     return folder / name
 
 
+def show_report(capsys, text: str) -> None:
+    """A run's report: in the test's captured output (pytest shows it with a failure, under
+    pytest-xdist too, which drops what a worker writes past capture) and, in a plain pytest run
+    (make chaos), on the terminal as well."""
+    print(text)
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        with capsys.disabled():
+            print("\n" + text, flush=True)
+
+
 def locate_batches(created: list[str], holders, problems: list[str]) -> list[str]:
     """Every batch cut must be in exactly one of `holders` ((where, batch ids) pairs): the problems
     go to `problems`; returns the batches that are nowhere (vanished)."""

@@ -40,7 +40,7 @@ from collections import Counter
 
 import botocore.exceptions
 import pytest
-from chaos_support import System, aof_tail_file, chaos_spec, s3_client
+from chaos_support import System, aof_tail_file, chaos_spec, s3_client, show_report
 
 from brigade import keys
 
@@ -255,8 +255,7 @@ def test_chaos(tmp_path, one_torch_thread, capsys):
     report.update(mode="long" if LONG else "short", learner_kills=chaos.assassin.kills, freezes=chaos.freeze_log,
                   redis_restarts=len(REDIS_RESTART_STEPS),
                   wall_s=round(time.monotonic() - t0, 1))
-    with capsys.disabled():  # shown even when pytest captures output (make test, make chaos)
-        print(f"\nrejection reasons in the learner's metrics: {reasons}\nCHAOS " + json.dumps(report), flush=True)
+    show_report(capsys, f"rejection reasons in the learner's metrics: {reasons}\nCHAOS " + json.dumps(report))
     assert not problems, "\n".join(problems)
     assert not chaos.pending(), f"part of the schedule never happened: {chaos.__dict__}"
     assert report["steps"] == MAX_STEPS
@@ -345,8 +344,7 @@ def test_chaos_redis_crash_loses_its_last_second(tmp_path, one_torch_thread, cap
     report.pop("rejection_reasons")
     report.update(mode="redis-crash", redis_crashes=crashes, learner=dict(repairs),
                   wall_s=round(time.monotonic() - t0, 1))
-    with capsys.disabled():
-        print("\nCHAOS " + json.dumps(report), flush=True)
+    show_report(capsys, "CHAOS " + json.dumps(report))
     assert not problems, "\n".join(problems)
     assert not pending, "the run ended before every Redis crash happened"
     assert all(c["lost_bytes"] > 0 for c in crashes), crashes  # each crash lost writes

@@ -33,7 +33,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from chaos_support import System, chaos_spec, locate_batches
+from chaos_support import System, chaos_spec, locate_batches, show_report
 
 from brigade import keys
 from brigade.v1 import brigade_pb2 as pb
@@ -226,8 +226,7 @@ def test_chaos_local_sgd(tmp_path, one_torch_thread, capsys):
         report = system.audit_rounds()
     problems = report.pop("problems")
     report.update(aggregator_kills=assassin.kills, trainer_kills=trainer_kills, wall_s=round(time.monotonic() - t0, 1))
-    with capsys.disabled():
-        print("\nCHAOS-LOCAL-SGD " + json.dumps(report), flush=True)
+    show_report(capsys, "CHAOS-LOCAL-SGD " + json.dumps(report))
     assert not problems, "\n".join(problems)
     assert not assassin.versions, f"the aggregator kills never happened: {assassin.versions}"
     assert report["merged_twice"] == 0 and report["vanished"] == 0 and report["overwritten"] == 0

@@ -20,7 +20,7 @@ import time
 import uuid
 
 import pytest
-from chaos_support import System, chaos_spec
+from chaos_support import System, chaos_spec, show_report
 from faulty_s3 import Faults, start_in_thread
 
 from brigade import keys
@@ -236,8 +236,7 @@ def test_run_survives_s3_faults_corruption_and_a_redis_restart(tmp_path, one_tor
                   completed_after_restart_by_holder=sum(completed_by.get(i) == w for i, w in leases_at_restart.items()),
                   revoked_after_restart=sum(i in revoked for i in leases_at_restart),
                   wall_s=round(time.monotonic() - t0, 1))
-    with capsys.disabled():
-        print("\nFAULTS " + json.dumps(report), flush=True)
+    show_report(capsys, "FAULTS " + json.dumps(report))
     assert not problems, "\n".join(problems)
     assert all(n == 1 for n in restarts.values()), f"a service had to be restarted: {restarts}"
     assert report["steps"] == max_steps and report["vanished"] == 0 and report["duplicates"] == 0
