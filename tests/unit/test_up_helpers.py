@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from brigade.spec import RUN_ID_RE
 from brigade_cli.local_runs import ENDPOINT, SNAPSHOT, find_local_run, write_endpoint
 from brigade_cli.plots import robust_top
@@ -118,13 +120,11 @@ def test_a_sigterm_during_the_progress_poll_is_not_swallowed():
 
     previous = signal.signal(signal.SIGTERM, _raise_stopped)
     try:
-        try:
-            asyncio.run(poll())
-        except Exception:  # what up's loop does with a failed poll
-            raise AssertionError("the SIGTERM was swallowed as a failed poll") from None
-    except Stopped as e:
-        assert e.signum == signal.SIGTERM
-    else:
-        raise AssertionError("the SIGTERM was lost")
+        with pytest.raises(Stopped) as stopped:
+            try:
+                asyncio.run(poll())
+            except Exception:  # what up's loop does with a failed poll
+                raise AssertionError("the SIGTERM was swallowed as a failed poll") from None
     finally:
         signal.signal(signal.SIGTERM, previous)
+    assert stopped.value.signum == signal.SIGTERM

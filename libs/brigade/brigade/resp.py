@@ -49,10 +49,12 @@ class Loading(ReplyError, redis.exceptions.BusyLoadingError):
     BusyLoadingError, a ConnectionError: the command did not run, call again shortly)."""
 
 
+# error replies that redis-py raises as a class of their own, by the reply's first word
+_REPLY_ERRORS: dict[str, type[ReplyError]] = {"OOM": OutOfMemory, "LOADING": Loading}
+
+
 def reply_error(message: str) -> ReplyError:
-    if message.startswith("OOM "):
-        return OutOfMemory(message)
-    return (Loading if message.startswith("LOADING ") else ReplyError)(message)
+    return _REPLY_ERRORS.get(message.partition(" ")[0], ReplyError)(message)
 
 
 class _Incomplete(Exception):
