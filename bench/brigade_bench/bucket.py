@@ -5,6 +5,11 @@ and read back through `brigade.bucket` and through plain `put_object` / `get_obj
 `read()` calls, interleaved round by round so both see the same server state and noise.
 Figures are medians; ratios are our time divided by the baseline's (lower is better).
 
+Where a verified GET's time goes: `get_unverified_*` is the same library read without the sha256
+check, `sha256_ms` the check alone (the whole object hashed at once, nothing else running), and
+`sha256_hidden` the share of that check the read hides by hashing each chunk on a thread as it
+arrives (1 = a verified GET costs no more than a raw one, 0 = it costs raw + sha256_ms).
+
 Where it runs: against the URL in BRIGADE_BENCH_S3 if set (endpoint and credentials from the
 usual AWS environment), else against AWS_ENDPOINT_URL(_S3) with a throwaway bucket, else
 against a moto server it starts and stops itself.
@@ -75,7 +80,8 @@ async def _bench(url: str, rounds: int) -> dict[str, float | int | str]:
     )
     raw_name, raw_full = bucket.name, f"{bucket.prefix}/{raw_key}" if bucket.prefix else raw_key
 
-    times: dict[str, list[float]] = {"put": [], "get": [], "raw_put": [], "raw_get": []}
+    times: dict[str, list[float]] = {"put": [], "get": [], "raw_put": [], "raw_get": [], "get_unverified": [],
+                                     "sha256": []}
     cpu: dict[str, list[float]] = {k: [] for k in times}
     async with get_session().create_client("s3", endpoint_url=endpoint, config=config) as raw:
 
@@ -85,6 +91,13 @@ async def _bench(url: str, rounds: int) -> dict[str, float | int | str]:
         async def ours_get() -> None:
             got = await bucket.get(ours_key, sha256=digest)
             assert len(got) == len(data)
+
+        async def ours_get_unverified() -> None:  # the same read without sha256: where the gap is
+            got = await bucket.get(ours_key)
+            assert len(got) == len(data)
+
+        async def sha256_alone() -> None:  # the check's own cost, on the loop, with nothing else running
+            assert sha256_hex(data) == digest
 
         async def raw_put() -> None:
             await raw.put_object(Bucket=raw_name, Key=raw_full, Body=data)
@@ -102,11 +115,11 @@ async def _bench(url: str, rounds: int) -> dict[str, float | int | str]:
             for r in range(rounds):
                 # Alternate who goes first so neither side always follows the other's GC.
                 pairs = [("put", ours_put), ("raw_put", raw_put)]
-                gets = [("get", ours_get), ("raw_get", raw_get)]
+                gets = [("get", ours_get), ("raw_get", raw_get), ("get_unverified", ours_get_unverified)]
                 if r % 2:
                     pairs.reverse()
                     gets.reverse()
-                for name, fn in (*pairs, *gets):
+                for name, fn in (*pairs, *gets, ("sha256", sha256_alone)):
                     dt, dc = await _timed(fn)
                     times[name].append(dt)
                     cpu[name].append(dc)
@@ -132,6 +145,11 @@ async def _bench(url: str, rounds: int) -> dict[str, float | int | str]:
         "raw_get_ms": round(med["raw_get"] * 1e3, 1),
         "put_ratio": round(med["put"] / med["raw_put"], 3),
         "get_ratio": round(med["get"] / med["raw_get"], 3),
+        "get_unverified_ms": round(med["get_unverified"] * 1e3, 1),
+        "get_unverified_ratio": round(med["get_unverified"] / med["raw_get"], 3),
+        "sha256_ms": round(med["sha256"] * 1e3, 1),
+        # how much of the check's time the read hides: 1 = all of it (get = raw), 0 = none (get = raw + sha256)
+        "sha256_hidden": round((med["raw_get"] + med["sha256"] - med["get"]) / med["sha256"], 2),
         "put_cpu_ms": round(med_cpu["put"] * 1e3, 1),
         "get_cpu_ms": round(med_cpu["get"] * 1e3, 1),
         "raw_put_cpu_ms": round(med_cpu["raw_put"] * 1e3, 1),

@@ -529,9 +529,13 @@ class S3Bucket(Bucket):
         finally:
             if hasher is not None:
                 hasher.close()
+        # Join before awaiting the digest: the hash thread still has the last chunks to go when the
+        # final byte lands, and a 34 MiB join (~15 ms, mostly page faults; bytes.join releases the
+        # GIL for big copies) then runs beside it on the other core instead of after it.
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         if hasher is not None:
             self._check_digest(key, sha256, await hasher.hexdigest())
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        return data
 
     async def stream(self, key: str, chunk_size: int = CHUNK_SIZE) -> AsyncIterator[bytes]:
         check_key(key)
