@@ -53,18 +53,23 @@ def any_redis_url(request) -> str:
 
 
 @pytest.fixture(scope="session")
-def s3_endpoint():
+def s3_server():
     server = start_moto()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint(s3_server):
     old = {k: os.environ.get(k) for k in [*MOTO_ENV, "AWS_ENDPOINT_URL"]}
     os.environ.update(MOTO_ENV)
-    os.environ["AWS_ENDPOINT_URL"] = server.url
-    yield server.url
+    os.environ["AWS_ENDPOINT_URL"] = s3_server.url
+    yield s3_server.url
     for k, v in old.items():
         if v is None:
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
-    server.stop()
 
 
 @pytest.fixture

@@ -10,6 +10,11 @@ check, `sha256_ms` the check alone (the whole object hashed at once, nothing els
 `sha256_hidden` the share of that check the read hides by hashing each chunk on a thread as it
 arrives (1 = a verified GET costs no more than a raw one, 0 = it costs raw + sha256_ms).
 
+How busy the machine already is: with a moto server started here (it shares this machine's
+cores), `raw_get_server_cpu_ms` is the server's CPU per raw GET and `raw_get_busy` the share of
+all cores the raw GET keeps busy (client and server CPU over cores x wall), an average over the
+whole GET: the wait for the headers leaves a core idle, the body keeps both busy.
+
 Where it runs: against the URL in BRIGADE_BENCH_S3 if set (endpoint and credentials from the
 usual AWS environment), else against AWS_ENDPOINT_URL(_S3) with a throwaway bucket, else
 against a moto server it starts and stops itself.
@@ -51,15 +56,30 @@ def _env(values: dict[str, str]) -> Iterator[None]:
                 os.environ[k] = v
 
 
-async def _timed(fn: Callable[[], Awaitable[Any]]) -> tuple[float, float]:
-    """Wall seconds, and this process's CPU seconds (all threads; the server is a separate
-    process): CPU is the steadier figure on a shared, oversubscribed machine."""
-    c0, t0 = time.process_time(), time.perf_counter()
+def process_cpu_s(pid: int | None) -> float | None:
+    """CPU seconds (user + system, every thread, exited ones included) that process `pid` has used,
+    from /proc; None where there is no such file. In clock ticks (10 ms here): read it as a mean
+    over many calls, not per call."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # the command name may hold spaces
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _timed(fn: Callable[[], Awaitable[Any]], server_pid: int | None) -> tuple[float, float, float | None]:
+    """Wall seconds, this process's CPU seconds (all threads) and the S3 server's, when it runs
+    here: CPU is the steadier figure on a shared, oversubscribed machine."""
+    s0, c0, t0 = process_cpu_s(server_pid), time.process_time(), time.perf_counter()
     await fn()
-    return time.perf_counter() - t0, time.process_time() - c0
+    wall, cpu, s1 = time.perf_counter() - t0, time.process_time() - c0, process_cpu_s(server_pid)
+    return wall, cpu, None if s0 is None or s1 is None else s1 - s0
 
 
-async def _bench(url: str, rounds: int) -> dict[str, float | int | str]:
+async def _bench(url: str, rounds: int, server_pid: int | None) -> dict[str, float | int | str]:
     data = os.urandom(SIZE_MIB * MiB)
     digest = sha256_hex(data)
     run_id = uuid.uuid4().hex[:8]
@@ -83,6 +103,7 @@ async def _bench(url: str, rounds: int) -> dict[str, float | int | str]:
     times: dict[str, list[float]] = {"put": [], "get": [], "raw_put": [], "raw_get": [], "get_unverified": [],
                                      "sha256": []}
     cpu: dict[str, list[float]] = {k: [] for k in times}
+    server_cpu: dict[str, list[float]] = {k: [] for k in times}
     async with get_session().create_client("s3", endpoint_url=endpoint, config=config) as raw:
 
         async def ours_put() -> None:
@@ -120,9 +141,11 @@ async def _bench(url: str, rounds: int) -> dict[str, float | int | str]:
                     pairs.reverse()
                     gets.reverse()
                 for name, fn in (*pairs, *gets, ("sha256", sha256_alone)):
-                    dt, dc = await _timed(fn)
+                    dt, dc, ds = await _timed(fn, server_pid)
                     times[name].append(dt)
                     cpu[name].append(dc)
+                    if ds is not None:
+                        server_cpu[name].append(ds)
         finally:
             await bucket.delete(ours_key)
             await raw.delete_object(Bucket=raw_name, Key=raw_full)
@@ -131,6 +154,16 @@ async def _bench(url: str, rounds: int) -> dict[str, float | int | str]:
     med = {k: statistics.median(v) for k, v in times.items()}
     med_cpu = {k: statistics.median(v) for k, v in cpu.items()}
     mb = len(data) / 1e6
+    cores = os.cpu_count() or 1
+    room: dict[str, float] = {}
+    if server_cpu["raw_get"]:  # ticks: the mean over rounds, not a median of mostly 0 or 10 ms
+        raw_server = statistics.mean(server_cpu["raw_get"])
+        raw_busy_s = med_cpu["raw_get"] + raw_server
+        room = {
+            "raw_get_server_cpu_ms": round(raw_server * 1e3, 1),
+            "get_server_cpu_ms": round(statistics.mean(server_cpu["get"]) * 1e3, 1),
+            "raw_get_busy": round(raw_busy_s / (cores * med["raw_get"]), 2),
+        }
     return {
         "size_mib": SIZE_MIB,
         "rounds": rounds,
@@ -154,27 +187,29 @@ async def _bench(url: str, rounds: int) -> dict[str, float | int | str]:
         "get_cpu_ms": round(med_cpu["get"] * 1e3, 1),
         "raw_put_cpu_ms": round(med_cpu["raw_put"] * 1e3, 1),
         "raw_get_cpu_ms": round(med_cpu["raw_get"] * 1e3, 1),
-        "cpus": os.cpu_count() or 0,
+        **room,
+        "cpus": cores,
     }
 
 
-async def with_s3(bench: Callable[[str], Awaitable[dict]]) -> dict:
-    """Run `bench(url)` against BRIGADE_BENCH_S3, else the endpoint in AWS_ENDPOINT_URL(_S3) with a
-    throwaway bucket, else a moto server started (and stopped) for the occasion."""
+async def with_s3(bench: Callable[[str, int | None], Awaitable[dict]]) -> dict:
+    """Run `bench(url, server_pid)` against BRIGADE_BENCH_S3, else the endpoint in
+    AWS_ENDPOINT_URL(_S3) with a throwaway bucket, else a moto server started (and stopped) for the
+    occasion; server_pid is that server's process id, None for a server that is not ours."""
     url = os.environ.get("BRIGADE_BENCH_S3")
     if url:
-        return await bench(url)
+        return await bench(url, None)
     name = f"brigade-bench-{uuid.uuid4().hex[:10]}"
     if os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"):
-        return await bench(f"s3://{name}/bench")
+        return await bench(f"s3://{name}/bench", None)
     server = await asyncio.to_thread(start_moto)
     try:
         with _env({**MOTO_ENV, "AWS_ENDPOINT_URL": server.url}):
-            return await bench(f"s3://{name}/bench") | {"server": "moto"}
+            return await bench(f"s3://{name}/bench", server.proc.pid) | {"server": "moto"}
     finally:
         server.stop()
 
 
 async def run(quick: bool = False) -> dict[str, float | int | str]:
     rounds = 5 if quick else 11
-    return await with_s3(lambda url: _bench(url, rounds))
+    return await with_s3(lambda url, server_pid: _bench(url, rounds, server_pid))

@@ -204,7 +204,7 @@ def _generate_bench(rounds: int, prompts_n: int = 8, group: int = 8, max_new_tok
 
 def run(quick: bool = False) -> dict:
     rounds = 5 if quick else 11
-    out = asyncio.run(with_s3(lambda url: _adapter_bench(url, rounds)))
+    out = asyncio.run(with_s3(lambda url, _server_pid: _adapter_bench(url, rounds)))
     out |= _generate_bench(rounds=7 if quick else 21)
     return out
 

@@ -1,0 +1,34 @@
+"""`brigade bench bucket` at one round against the session's moto server: every figure is there and
+the server's CPU is read from its process (the timings themselves are not checked here)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from brigade_bench import bucket as bench
+
+
+def test_process_cpu_counts_this_process_and_not_a_gone_one():
+    before = bench.process_cpu_s(os.getpid())
+    t0 = time.process_time()
+    while time.process_time() - t0 < 0.1:
+        pass
+    assert bench.process_cpu_s(os.getpid()) - before >= 0.05   # 10 ms ticks: well inside 0.1 s
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    assert bench.process_cpu_s(int(gone.stdout)) is None
+    assert bench.process_cpu_s(None) is None
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_one_round_reports_the_server_cpu(s3_bucket_url, s3_server):
+    out = await bench._bench(s3_bucket_url, rounds=1, server_pid=s3_server.proc.pid)
+    for key in ("put_ratio", "get_ratio", "get_unverified_ratio", "sha256_ms", "raw_get_ms"):
+        assert out[key] > 0
+    assert out["raw_get_server_cpu_ms"] >= 0 and 0 < out["raw_get_busy"] <= 1.5   # ticks round up or down
+    no_server = await bench._bench(s3_bucket_url, rounds=1, server_pid=None)
+    assert "raw_get_busy" not in no_server and no_server["get_ratio"] > 0
