@@ -7,6 +7,11 @@ stream commands at the same concurrency, all in the same run.
 
 lease_cycles_per_s   AcquireLease + CompleteLease pairs per second through one proxy process, 64
                      concurrent clients back to back (closed loop: one event loop's capacity)
+one_call_*           the worker's cycle since CompleteLease takes `next`: one call completes a
+                     lease and acquires the next. one_call_cycles_per_s is its closed loop,
+                     one_call_p50/p99_ms its latency at 1000 cycles/s (a worker's wait between
+                     handing in a batch and holding the next lease), one_call_cpu_ms_per_cycle
+                     the proxy's CPU per cycle there
 saturated_acquire_*  AcquireLease latency in that closed loop; by Little's law it is mostly
                      queueing (64 calls in flight / throughput), not service time
 acquire_p50/p99_ms, complete_*
@@ -17,7 +22,8 @@ proxy_cpu_ms_per_cycle, proxy_cores
                      what it needs of a machine whose other jobs set the p99
 light_acquire_*      200 cycles/s (64 workers, one cycle each every 320 ms), one process
 processes_*          1000 cycles/s and the closed loop again through `brigade proxy --processes 2`
-                     (one port, SO_REUSEPORT), with the processes' CPU per cycle
+                     (one port, SO_REUSEPORT), with the processes' CPU per cycle; one_call_processes_*
+                     the worker's one-call cycle at 1000 cycles/s through them
 raw_cycles_per_s     XREADGROUP, then XACK + XDEL + XADD in one pipeline, 64 concurrent tasks
 redis_py_cycles_per_s  lease_cycles_per_s again (same closed loop, same scripts, a fresh run on the
                      same Redis), through a proxy started with --no-pipelined: what the
@@ -59,14 +65,16 @@ def _percentile(values: list[float], q: float) -> float:
 # ---------------------------------------------------------------- our cycle, through the proxy
 
 async def _proxy_clients(target: str, run: str, clients: int, cycles: int, tag: str, rate: float = 0.0,
-                         start_at: float = 0.0) -> dict:
+                         start_at: float = 0.0, one_call: bool = False) -> dict:
     """`clients` concurrent acquire+complete loops until `cycles` are done. rate=0: back to back
     (closed loop, saturation); rate>0: each client starts a cycle every clients/rate seconds
     (open loop at `rate` cycles/s in all, the way workers behave: they generate between calls).
     `target` may list several proxies, comma-separated: the channels go round them. The clock
     starts once every connection is up and every client has done one cycle (and not before
     `start_at`, a time.time()): a worker keeps its connection for hours, and the first calls on a
-    new one wait for TCP and HTTP/2 setup, which was enough to set a 10-second phase's p99 alone."""
+    new one wait for TCP and HTTP/2 setup, which was enough to set a 10-second phase's p99 alone.
+    one_call: each cycle is one CompleteLease of the lease the client holds, with `next` (the first,
+    untimed cycle acquires), timed as its acquire; a lease still held at the end is left to expire."""
     import grpc
 
     from brigade import keys
@@ -82,24 +90,33 @@ async def _proxy_clients(target: str, run: str, clients: int, cycles: int, tag: 
     stubs = [pbg.LeaseServiceStub(ch) for ch in channels]
     requests = [pb.AcquireLeaseRequest(run_id=run, worker_id=f"bench-{tag}-{i}", capacity_class="spot", engine="bench")
                 for i in range(clients)]
+    held: list[pb.Lease | None] = [None] * clients  # one_call: the lease each client completes next
 
-    async def cycle(i: int) -> tuple[float, float] | float:
-        """(acquire ms, complete ms), or the retry-after seconds of a refusal."""
-        stub, req = stubs[i % len(stubs)], requests[i]
-        t0 = time.perf_counter()
-        resp = await stub.AcquireLease(req)
-        t1 = time.perf_counter()
-        if not resp.granted:
-            return resp.retry_after_ms / 1000
-        lease = resp.lease
+    def completion(lease: pb.Lease, req: pb.AcquireLeaseRequest) -> pb.CompleteLeaseRequest:
         b = lease.batch.batch_id
         manifest = pb.RolloutManifest(
             run_id=run, batch_id=b, attempt=lease.attempt, worker_id=req.worker_id,
             policy_version=lease.adapter_version, uri=keys.rollout_key(run, b, lease.attempt),
             sha256="0" * 64, size_bytes=1, num_samples=8, num_tokens=256, reward_mean=0.5,
         )
-        await stub.CompleteLease(pb.CompleteLeaseRequest(run_id=run, lease_id=lease.lease_id,
-                                                         worker_id=req.worker_id, manifest=manifest))
+        return pb.CompleteLeaseRequest(run_id=run, lease_id=lease.lease_id, worker_id=req.worker_id, manifest=manifest,
+                                       next=req if one_call else None)
+
+    async def cycle(i: int) -> tuple[float, float] | float:
+        """(acquire ms, complete ms), or the retry-after seconds of a refusal."""
+        stub, req = stubs[i % len(stubs)], requests[i]
+        t0 = time.perf_counter()
+        if one_call and held[i] is not None:
+            resp = (await stub.CompleteLease(completion(held[i], req))).next
+        else:
+            resp = await stub.AcquireLease(req)
+        t1 = time.perf_counter()
+        held[i] = resp.lease if resp.granted else None
+        if not resp.granted:
+            return resp.retry_after_ms / 1000
+        if one_call:
+            return (t1 - t0) * 1000, 0.0
+        await stub.CompleteLease(completion(resp.lease, req))
         return (t1 - t0) * 1000, (time.perf_counter() - t1) * 1000
 
     # connected, and each client's first cycle done (untimed), then the clock starts
@@ -144,25 +161,25 @@ def _client_process_main() -> None:
 
     from brigade_proxy.server import settle_heap  # imports grpc and the stubs the clients use
 
-    target, run_id, clients, cycles, tag, start_at, rate = json.loads(sys.argv[1])
+    target, run_id, clients, cycles, tag, start_at, rate, one_call = json.loads(sys.argv[1])
     # as the proxy does: a full collection here would pause the 32 clients of this process mid-call
     # and count as the proxy's latency
     settle_heap()
-    result = uvloop.run(_proxy_clients(target, run_id, clients, cycles, tag, rate, start_at))
+    result = uvloop.run(_proxy_clients(target, run_id, clients, cycles, tag, rate, start_at, one_call))
     Path(sys.argv[2]).write_text(json.dumps(result))  # a file: a pipe cut a big result short under uvloop
 
 
 async def _proxy_clients_in_processes(target: str, run_id: str, processes: int, clients: int,
-                                      cycles: int, rate: float = 0.0) -> list[dict]:
+                                      cycles: int, rate: float = 0.0, one_call: bool = False) -> list[dict]:
     start_at = time.time() + 3.0  # process start, imports and connecting take about a second
-    tag = "paced" if rate else "p"
+    tag = ("one-" if one_call else "") + ("paced" if rate else "p")
     code = "from brigade_bench.proxy import _client_process_main; _client_process_main()"
     with tempfile.TemporaryDirectory(prefix="brigade-bench-clients-") as tmp:
         outs = [Path(tmp) / f"client-{i}.json" for i in range(processes)]
         procs = []
         for i, out in enumerate(outs):
             args = json.dumps([target, run_id, clients // processes, cycles // processes, f"{tag}{i}", start_at,
-                               rate / processes])
+                               rate / processes, one_call])
             procs.append(await asyncio.create_subprocess_exec(sys.executable, "-c", code, args, str(out)))
         for p in procs:
             if await p.wait() != 0:
@@ -245,11 +262,13 @@ def _start_proxy(redis_url: str, port: int, pipelined: bool = True, processes: i
     return proc
 
 
-async def _phase(target: str, run_id: str, processes: int, cycles: int, rate: float = 0.0) -> dict:
+async def _phase(target: str, run_id: str, processes: int, cycles: int, rate: float = 0.0,
+                 one_call: bool = False) -> dict:
     if processes <= 1:
-        results = [await _proxy_clients(target, run_id, CONCURRENCY, cycles, "paced" if rate else "p", rate)]
+        tag = ("one-" if one_call else "") + ("paced" if rate else "p")
+        results = [await _proxy_clients(target, run_id, CONCURRENCY, cycles, tag, rate, one_call=one_call)]
     else:
-        results = await _proxy_clients_in_processes(target, run_id, processes, CONCURRENCY, cycles, rate)
+        results = await _proxy_clients_in_processes(target, run_id, processes, CONCURRENCY, cycles, rate, one_call)
     acquire = [x for r in results for x in r["acquire_ms"]]
     complete = [x for r in results for x in r["complete_ms"]]
     wall = max(r["elapsed"] for r in results)
@@ -269,10 +288,10 @@ def _cpu_seconds(pid: int) -> float:
         return float("nan")
 
 
-async def _phase_with_cpu(pid: int, *phase_args) -> tuple[dict, float]:
+async def _phase_with_cpu(pid: int, *phase_args, **phase_kwargs) -> tuple[dict, float]:
     """A `_phase`, and the CPU seconds the proxy (process `pid` and its children) spent on it."""
     cpu0 = _cpu_seconds(pid)
-    result = await _phase(*phase_args)
+    result = await _phase(*phase_args, **phase_kwargs)
     return result, _cpu_seconds(pid) - cpu0
 
 
@@ -317,12 +336,17 @@ async def run(quick: bool = False, client_processes: int = 2, paced_rate: float 
             proxy = _start_proxy(redis.url, port)
             target = f"127.0.0.1:{port}"
             try:
-                await _create_run(target, run_id, 2 * (cycles + paced_cycles + warmup) + light_cycles + 2000)
+                # every phase's cycles, the warm-ups, and each client's untimed first cycle per phase
+                await _create_run(target, run_id, 3 * cycles + 4 * paced_cycles + light_cycles + 3 * warmup + 4000)
                 await _proxy_clients(target, run_id, CONCURRENCY, min(warmup, cycles), "warm")
                 saturated = await _phase(target, run_id, client_processes, cycles)
                 paced, paced_cpu = await _phase_with_cpu(proxy.pid, target, run_id, client_processes, paced_cycles,
                                                          paced_rate)
                 light = await _phase(target, run_id, client_processes, light_cycles, LIGHT_RATE)
+                # the worker's cycle: one CompleteLease that also acquires the next lease
+                one_saturated = await _phase(target, run_id, client_processes, cycles, one_call=True)
+                one_paced, one_cpu = await _phase_with_cpu(proxy.pid, target, run_id, client_processes, paced_cycles,
+                                                           paced_rate, one_call=True)
             finally:
                 _stop(proxy)
             # `--processes N` on one port, the same run
@@ -334,6 +358,8 @@ async def run(quick: bool = False, client_processes: int = 2, paced_rate: float 
                 several_paced, several_cpu = await _phase_with_cpu(proxy.pid, target, run_id, client_processes,
                                                                    paced_cycles, paced_rate)
                 several = await _phase(target, run_id, client_processes, cycles)
+                several_one, several_one_cpu = await _phase_with_cpu(proxy.pid, target, run_id, client_processes,
+                                                                     paced_cycles, paced_rate, one_call=True)
             finally:
                 _stop(proxy)
             plain = await _saturated_without_pipelining(redis.url, client_processes, cycles, warmup)
@@ -355,11 +381,20 @@ async def run(quick: bool = False, client_processes: int = 2, paced_rate: float 
         "complete_p99_ms": round(_percentile(paced["complete"], 0.99), 3),
         "proxy_cpu_ms_per_cycle": round(1000 * paced_cpu / max(1, paced["cycles"]), 3),
         "proxy_cores": round(paced_cpu * paced["rate"] / max(1, paced["cycles"]), 3),
+        # the same two with one call per cycle (CompleteLease with `next`), what workers do
+        "one_call_cycles_per_s": round(one_saturated["rate"], 1),
+        "one_call_paced_cycles_per_s": round(one_paced["rate"], 1),
+        "one_call_p50_ms": round(statistics.median(one_paced["acquire"]), 3),
+        "one_call_p99_ms": round(_percentile(one_paced["acquire"], 0.99), 3),
+        "one_call_cpu_ms_per_cycle": round(1000 * one_cpu / max(1, one_paced["cycles"]), 3),
         # the same through `--processes N`, and its closed loop
         "processes_acquire_p50_ms": round(statistics.median(several_paced["acquire"]), 3),
         "processes_acquire_p99_ms": round(_percentile(several_paced["acquire"], 0.99), 3),
         "processes_cpu_ms_per_cycle": round(1000 * several_cpu / max(1, several_paced["cycles"]), 3),
         "processes_cycles_per_s": round(several["rate"], 1),
+        "one_call_processes_p50_ms": round(statistics.median(several_one["acquire"]), 3),
+        "one_call_processes_p99_ms": round(_percentile(several_one["acquire"], 0.99), 3),
+        "one_call_processes_cpu_ms_per_cycle": round(1000 * several_one_cpu / max(1, several_one["cycles"]), 3),
         # open loop at a fleet-like load: 64 workers, one cycle every 320 ms each
         "light_acquire_p50_ms": round(statistics.median(light["acquire"]), 3),
         "light_acquire_p99_ms": round(_percentile(light["acquire"], 0.99), 3),
@@ -369,8 +404,10 @@ async def run(quick: bool = False, client_processes: int = 2, paced_rate: float 
         "raw_cycles_per_s": round(raw_rate, 1),
         "raw_acquire_p99_ms": round(_percentile(raw["acquire_ms"], 0.99), 3),
         "cycle_ratio": round(raw_rate / ours, 3),
-        "cycles": sum(p["cycles"] for p in (saturated, paced, light, several_paced, several)),
-        "denied": sum(p["denied"] for p in (saturated, paced, light, several_paced, several, plain)),
+        "cycles": sum(p["cycles"] for p in (saturated, paced, light, one_saturated, one_paced, several_paced, several,
+                                            several_one)),
+        "denied": sum(p["denied"] for p in (saturated, paced, light, one_saturated, one_paced, several_paced, several,
+                                            several_one, plain)),
         "concurrency": CONCURRENCY,
         "client_processes": client_processes,
         "processes": processes,

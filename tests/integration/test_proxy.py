@@ -56,6 +56,10 @@ async def code_of(call) -> tuple[grpc.StatusCode, str]:
     return info.value.code(), info.value.details()
 
 
+async def leases_held(client: ProxyClient, run: str) -> list[str]:
+    return sorted(x.batch_id for x in (await client.runs.ListLeases(pb.RunRef(run_id=run))).leases)
+
+
 # ---------------------------------------------------------------- health and reflection
 
 async def test_health_and_reflection(server):
@@ -132,6 +136,44 @@ async def test_full_cycle(client):
     assert (await client.runs.ListDeadLetters(pb.RunRef(run_id=run))).dead_letters == []
     runs = {r.spec.run_id for r in (await client.runs.ListRuns(pb.ListRunsRequest())).runs}
     assert run in runs
+
+
+async def test_complete_lease_acquires_the_next_in_the_same_call(client):
+    """The worker's cycle in one call: CompleteLease with `next` completes, then answers exactly as
+    AcquireLease would; a retry completes as a duplicate and acquires again; a refused completion or
+    a foreign `next` acquires nothing."""
+    run = await create(client, n_prompts=8, prompts_per_batch=2, staleness={"max_staleness": 10})  # no admission wait
+    lease = await acquire(client, run)
+    ask = pb.AcquireLeaseRequest(run_id=run, worker_id="w1", capacity_class="spot", engine="hf")
+    req = pb.CompleteLeaseRequest(run_id=run, lease_id=lease.lease_id, worker_id="w1",
+                                  manifest=manifest_for(run, lease, "w1"), next=ask)
+    done = await client.lease.CompleteLease(req)
+    assert not done.duplicate and done.next.granted
+    nxt = done.next.lease
+    assert nxt.batch.batch_id == f"{run}:0:1" and nxt.seed == keys.batch_seed(run, nxt.batch.batch_id, 1)
+    assert await leases_held(client, run) == [nxt.batch.batch_id]   # the first is completed, the next is held
+    again = await client.lease.CompleteLease(req)                      # a retry after a lost answer
+    assert again.duplicate and again.next.granted and again.next.lease.batch.batch_id == f"{run}:0:2"
+    plain = await client.lease.CompleteLease(pb.CompleteLeaseRequest(
+        run_id=run, lease_id=nxt.lease_id, worker_id="w1", manifest=manifest_for(run, nxt, "w1")))
+    assert not plain.duplicate and not plain.HasField("next")         # without `next`, as before
+
+    held = await leases_held(client, run)
+    third = again.next.lease
+    foreign = pb.CompleteLeaseRequest(run_id=run, lease_id=third.lease_id, worker_id="w1",
+                                      manifest=manifest_for(run, third, "w1"),
+                                      next=pb.AcquireLeaseRequest(run_id=run, worker_id="w2"))
+    got, details = await code_of(client.lease.CompleteLease(foreign))
+    assert got == grpc.StatusCode.INVALID_ARGUMENT and "next" in details
+    assert await leases_held(client, run) == held                      # refused before completing anything
+    unknown = pb.CompleteLeaseRequest(run_id=run, lease_id="1-0", worker_id="w1",
+                                      manifest=manifest_for(run, third, "w1"), next=ask)
+    got, _ = await code_of(client.lease.CompleteLease(unknown))
+    assert got == grpc.StatusCode.NOT_FOUND
+    assert await leases_held(client, run) == held                      # and no lease granted for it
+    last = await client.lease.CompleteLease(pb.CompleteLeaseRequest(
+        run_id=run, lease_id=third.lease_id, worker_id="w1", manifest=manifest_for(run, third, "w1"), next=ask))
+    assert last.next.granted and last.next.lease.batch.batch_id == f"{run}:0:3"
 
 
 async def test_eval_json_in_adapters(client, server):

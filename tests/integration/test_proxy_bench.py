@@ -17,9 +17,12 @@ async def test_bench_proxy_smoke():
     out = await run(quick=True, cycles=400, paced_seconds=0.3, paced_rate=400)
     for key in ("lease_cycles_per_s", "acquire_p50_ms", "acquire_p99_ms", "saturated_acquire_p99_ms",
                 "raw_cycles_per_s", "redis_py_cycles_per_s", "cycle_ratio", "paced_cycles_per_s",
-                "processes_acquire_p99_ms", "processes_cycles_per_s"):
+                "processes_acquire_p99_ms", "processes_cycles_per_s", "one_call_cycles_per_s", "one_call_p99_ms",
+                "one_call_cpu_ms_per_cycle", "one_call_processes_p99_ms"):
         assert out[key] > 0, key
-    assert out["cycles"] == 400 + 120 + 60 + 120 + 400 and out["denied"] == 0  # 1 process, then 2
+    # 1 process: closed loop, paced, light, then one call a cycle closed and paced; then 2 processes:
+    # paced, closed, paced with one call
+    assert out["cycles"] == 400 + 120 + 60 + 400 + 120 + 120 + 400 + 120 and out["denied"] == 0
     assert 0 < out["proxy_cpu_ms_per_cycle"] < 1000 and out["proxy_cores"] > 0   # read off the proxy's /proc
     assert out["processes_cpu_ms_per_cycle"] > 0  # the children's CPU is counted too
     json.dumps(out)

@@ -431,6 +431,42 @@ def other_rollout(run: str, batch: str, attempt: int, version: int) -> Rollout:
                    group=torch.arange(n, dtype=torch.int32) // 4, reward_names=["demo_sum"])
 
 
+async def test_the_completing_call_brings_the_next_lease(env):
+    """CompleteLease asks for the next lease in the same call; the answer waits in the worker for its
+    loop, and a granted one that will not be worked on (shutdown) is handed back PREEMPTED."""
+
+    class Proxy:
+        def __init__(self):
+            self.completes, self.fails = [], []
+
+        async def CompleteLease(self, req, timeout=None):
+            self.completes.append(req)
+            nxt = pb.AcquireLeaseResponse(granted=True, lease=pb.Lease(run_id="r", lease_id="2-0",
+                                                                        batch=pb.PromptBatch(batch_id="r:0:1")))
+            return pb.CompleteLeaseResponse(next=nxt) if req.HasField("next") else pb.CompleteLeaseResponse()
+
+        async def FailLease(self, req, timeout=None):
+            self.fails.append(req)
+            return pb.FailLeaseResponse(requeued=True, next_attempt=2)
+
+    w = env.worker("r")
+    w.client = type("C", (), {})()
+    w.client.lease = proxy = Proxy()
+    lease = pb.Lease(run_id="r", lease_id="1-0", batch=pb.PromptBatch(batch_id="r:0:0"))
+    assert await w._complete(lease, pb.RolloutManifest()) is False and w._next is None   # the last batch asks nothing
+    assert not proxy.completes[-1].HasField("next")
+    await w._complete(lease, pb.RolloutManifest(), want_next=True)
+    sent = proxy.completes[-1].next
+    assert (sent.run_id, sent.worker_id, sent.engine) == ("r", w.cfg.worker_id, w.cfg.engine)
+    assert w._next.lease.lease_id == "2-0"
+    await w._hand_back_next()
+    assert [(f.lease_id, f.reason) for f in proxy.fails] == [("2-0", pb.FailLeaseRequest.PREEMPTED)]
+    assert w._next is None and w.stats["preempted"] == 1
+    w._stopping.set()                                     # shutting down: nothing more is asked for
+    await w._complete(lease, pb.RolloutManifest(), want_next=True)
+    assert not proxy.completes[-1].HasField("next") and w._next is None
+
+
 async def test_a_taken_rollout_key_costs_no_failure(env):
     """Redis lost writes and grants an attempt a second time, or the engine is not bit-reproducible:
     the attempt's key already holds other bytes. This lease's own rollout there is adopted (its

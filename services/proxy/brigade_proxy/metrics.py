@@ -36,12 +36,18 @@ LEASES_DEADLETTERED = Counter("brigade_proxy_leases_deadlettered_total", "FailLe
                               ["run"])
 
 
+def _count_acquire(run: str, response: pb.AcquireLeaseResponse) -> None:
+    if response.granted:
+        LEASES_GRANTED.labels(run).inc()
+    else:
+        LEASES_REFUSED.labels(run, response.reason or "unknown").inc()
+
+
 def _count_outcome(method: str, request: Any, response: Any) -> None:
     if method == "AcquireLease":
-        if response.granted:
-            LEASES_GRANTED.labels(request.run_id).inc()
-        else:
-            LEASES_REFUSED.labels(request.run_id, response.reason or "unknown").inc()
+        _count_acquire(request.run_id, response)
+    elif method == "CompleteLease" and response.HasField("next"):  # the next lease, asked for in the same call
+        _count_acquire(request.run_id, response.next)
     elif method == "Heartbeat" and response.status == pb.HeartbeatResponse.REVOKED:
         LEASES_REVOKED.labels(request.run_id).inc()
     elif method == "FailLease" and response.deadlettered:

@@ -110,6 +110,9 @@ class LeaseServicer(pbg.LeaseServiceServicer):
 
     @rpc
     async def AcquireLease(self, request: pb.AcquireLeaseRequest, context) -> pb.AcquireLeaseResponse:
+        return await self._acquire(request)
+
+    async def _acquire(self, request: pb.AcquireLeaseRequest) -> pb.AcquireLeaseResponse:
         info = pb.WorkerInfo(worker_id=request.worker_id, capacity_class=request.capacity_class,
                              price_per_hour=request.price_per_hour, engine=request.engine)
         return await self.leases.acquire(request.run_id, request.worker_id, info, adapter_uri=self.proxy.adapter_uri)
@@ -126,8 +129,14 @@ class LeaseServicer(pbg.LeaseServiceServicer):
     async def CompleteLease(self, request: pb.CompleteLeaseRequest, context) -> pb.CompleteLeaseResponse:
         manifest = request.manifest if request.HasField("manifest") else None
         check_manifest_worker(request.worker_id, manifest)
+        nxt = request.next if request.HasField("next") else None
+        if nxt is not None and (nxt.run_id, nxt.worker_id) != (request.run_id, request.worker_id):
+            raise InvalidArgument("next: a worker acquires its own next lease in the same run "
+                                  "(next.run_id and next.worker_id must be the request's)")
         c = await self.leases.complete(request.run_id, request.lease_id, request.worker_id, manifest)
-        return pb.CompleteLeaseResponse(duplicate=c.duplicate)
+        # one gRPC call per batch instead of two: the per-call cost (grpc's event loop and poller,
+        # about two thirds of the proxy's CPU per lease cycle) is paid once
+        return pb.CompleteLeaseResponse(duplicate=c.duplicate, next=await self._acquire(nxt) if nxt else None)
 
     @rpc
     async def FailLease(self, request: pb.FailLeaseRequest, context) -> pb.FailLeaseResponse:

@@ -1,12 +1,13 @@
 """The rollout worker loop: lease -> adapter -> generate -> score -> upload -> complete.
 
+    lease = AcquireLease()                          # back off with jitter while not granted
     while running:
-        lease = AcquireLease()                      # back off with jitter while not granted
         adapter = cache.get(lease.adapter_version)  # usually prefetched already (WatchRun)
         samples = generate(batch, G, seed=lease.seed)   # in a thread; heartbeats keep flowing
         rewards = score(samples)
         put_new(rollout object), put_new(text sidecar)  # upload first ...
-        CompleteLease(manifest)                         # ... then complete, retried until answered
+        lease = CompleteLease(manifest, next=...)       # ... then complete, retried until answered;
+                                                        # the same call acquires the next lease
 
 At start, the bucket must refuse a second create-only put (brigade.bucket.probe), else the worker
 exits 2 with one line naming the store.
@@ -17,7 +18,10 @@ Failure handling, in one place:
 - a heartbeat answered REVOKED or LOST: generation stops at the next token, the work is dropped,
   and the next lease is taken;
 - SIGTERM/SIGINT: generation stops, FailLease(PREEMPTED) requeues the batch at once, exit 0. If the
-  signal lands while a finished rollout is being committed, the commit gets COMMIT_GRACE_S first;
+  signal lands while a finished rollout is being committed, the commit gets COMMIT_GRACE_S first,
+  and a next lease its answer carried is handed back the same way;
+- a CompleteLease that fails acquires nothing: the loop asks AcquireLease, as it does when the
+  last batch (max_batches) or a shutdown leaves nothing to ask for;
 - anything else wrong with one batch (a corrupt adapter, an engine error): FailLease(ERROR) and go
   on (the heartbeat stops first); the proxy dead-letters a batch that keeps failing;
 - the attempt's rollout key already holds other bytes (Redis lost writes and granted the attempt
@@ -177,6 +181,7 @@ class Worker:
         self._stopping = asyncio.Event()
         self._lease_stop: threading.Event | None = None
         self._committing = False
+        self._next: pb.AcquireLeaseResponse | None = None  # the answer for the next lease, from CompleteLease
 
     # -------------------------------------------------------------- lifecycle
 
@@ -203,6 +208,7 @@ class Worker:
         finally:
             if watcher is not None:
                 watcher.cancel()
+            await self._hand_back_next()
             await self._close()
 
     def stop(self) -> None:
@@ -268,14 +274,20 @@ class Worker:
 
     # -------------------------------------------------------------- the loop
 
+    def _acquire_request(self) -> pb.AcquireLeaseRequest:
+        cfg = self.cfg
+        return pb.AcquireLeaseRequest(run_id=cfg.run, worker_id=cfg.worker_id, capacity_class=cfg.capacity_class,
+                                      price_per_hour=cfg.price_per_hour, engine=cfg.engine)
+
     async def _loop(self) -> None:
         cfg, done, idle = self.cfg, 0, 0
         while not self._stopping.is_set() and (cfg.max_batches == 0 or done < cfg.max_batches):
-            req = pb.AcquireLeaseRequest(run_id=cfg.run, worker_id=cfg.worker_id, capacity_class=cfg.capacity_class,
-                                         price_per_hour=cfg.price_per_hour, engine=cfg.engine)
-            resp = await with_retries(
-                "AcquireLease", lambda req=req: self.client.lease.AcquireLease(req, timeout=RPC_TIMEOUT_S),
-                rpc_retryable, RPC_TIMEOUT_S + 1)
+            resp, self._next = self._next, None
+            if resp is None:  # nothing came with the last CompleteLease
+                req = self._acquire_request()
+                resp = await with_retries(
+                    "AcquireLease", lambda req=req: self.client.lease.AcquireLease(req, timeout=RPC_TIMEOUT_S),
+                    rpc_retryable, RPC_TIMEOUT_S + 1)
             if not resp.granted:
                 if resp.reason == "finished" and cfg.exit_when_finished:
                     self.log.info("run finished; exiting", batches=done)
@@ -286,11 +298,12 @@ class Worker:
                 await asyncio.sleep(max(50, resp.retry_after_ms) / 1000 * random.uniform(0.5, 1.5))
                 continue
             idle = 0
-            if await self._process(resp.lease):
+            if await self._process(resp.lease, want_next=cfg.max_batches == 0 or done + 1 < cfg.max_batches):
                 done += 1
 
-    async def _process(self, lease: pb.Lease) -> bool:
-        """One lease, start to finish. True when the rollout was handed to the proxy."""
+    async def _process(self, lease: pb.Lease, want_next: bool = True) -> bool:
+        """One lease, start to finish. True when the rollout was handed to the proxy. With `want_next`,
+        the completing call also asks for the next lease (kept in self._next for the loop)."""
         t0 = time.monotonic()
         stop = self._lease_stop = threading.Event()
         lost: list[str] = []
@@ -313,7 +326,7 @@ class Worker:
                 raise Stopped()
             self._committing = True
             manifest = await self._upload(lease, samples, completions, scores, adapter.payload, t0)
-            duplicate = await self._complete(lease, manifest)
+            duplicate = await self._complete(lease, manifest, want_next)
             handed_over = True
             self.stats["duplicates" if duplicate else "completed"] += 1
             metrics.batch_done(manifest.num_tokens, t_gen)
@@ -425,9 +438,13 @@ class Worker:
             raise KeyTaken(f"it holds (run, batch, attempt, version) {got}, this lease is {want}")
         return r
 
-    async def _complete(self, lease: pb.Lease, manifest: pb.RolloutManifest) -> bool:
+    async def _complete(self, lease: pb.Lease, manifest: pb.RolloutManifest, want_next: bool = False) -> bool:
         req = pb.CompleteLeaseRequest(run_id=lease.run_id, lease_id=lease.lease_id, worker_id=self.cfg.worker_id,
                                       manifest=manifest)
+        if want_next and not self._stopping.is_set():
+            # A retry after a lost answer completes as a duplicate and acquires again: the lease the
+            # lost answer carried expires and is requeued, as after a lost AcquireLease answer.
+            req.next.CopyFrom(self._acquire_request())
 
         # only "did not get there", or a transient refusal (Redis full: nothing was written); anything
         # else is an answer
@@ -443,7 +460,18 @@ class Worker:
                 # expired or revoked while we uploaded: the batch is already back in the queue
                 raise LeaseGone(e.details() or e.code().name) from e
             raise BatchError(f"the proxy refused the rollout: {describe_rpc_error(e)}") from e
+        if resp.HasField("next"):
+            self._next = resp.next
         return resp.duplicate
+
+    async def _hand_back_next(self) -> None:
+        """A next lease that came with the last completion and will not be worked on (shutdown, or
+        an error that ends the worker): requeue it now rather than at its expiry."""
+        resp, self._next = self._next, None
+        if resp is not None and resp.granted and self.client is not None:
+            blog = self.log.bind(batch=resp.lease.batch.batch_id, attempt=resp.lease.attempt)
+            await self._fail(resp.lease, pb.FailLeaseRequest.PREEMPTED, "worker shutting down", blog)
+            self.stats["preempted"] += 1
 
     async def _fail(self, lease: pb.Lease, reason: int, message: str, blog) -> None:
         req = pb.FailLeaseRequest(run_id=lease.run_id, lease_id=lease.lease_id, worker_id=self.cfg.worker_id,

@@ -416,22 +416,26 @@ class HeartbeatResponse(_message.Message):
     def __init__(self, status: _Optional[_Union[HeartbeatResponse.Status, str]] = ..., deadline_ms: _Optional[int] = ..., latest_adapter_version: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class CompleteLeaseRequest(_message.Message):
-    __slots__ = ("run_id", "lease_id", "worker_id", "manifest")
+    __slots__ = ("run_id", "lease_id", "worker_id", "manifest", "next")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    NEXT_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     lease_id: str
     worker_id: str
     manifest: RolloutManifest
-    def __init__(self, run_id: _Optional[str] = ..., lease_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., manifest: _Optional[_Union[RolloutManifest, _Mapping]] = ...) -> None: ...
+    next: AcquireLeaseRequest
+    def __init__(self, run_id: _Optional[str] = ..., lease_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., manifest: _Optional[_Union[RolloutManifest, _Mapping]] = ..., next: _Optional[_Union[AcquireLeaseRequest, _Mapping]] = ...) -> None: ...
 
 class CompleteLeaseResponse(_message.Message):
-    __slots__ = ("duplicate",)
+    __slots__ = ("duplicate", "next")
     DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    NEXT_FIELD_NUMBER: _ClassVar[int]
     duplicate: bool
-    def __init__(self, duplicate: _Optional[bool] = ...) -> None: ...
+    next: AcquireLeaseResponse
+    def __init__(self, duplicate: _Optional[bool] = ..., next: _Optional[_Union[AcquireLeaseResponse, _Mapping]] = ...) -> None: ...
 
 class FailLeaseRequest(_message.Message):
     __slots__ = ("run_id", "lease_id", "worker_id", "reason", "message")
