@@ -21,7 +21,8 @@ Figures per adapter (demo: the demo run's LoRA; 7b: rank 16 on q/k/v/o of a Llam
 worker has it (the slowest of the N, per round), worker_p50/p95 = each worker's own time, and the
 same for raw; ratio = all_p50 / raw_all_p50 (target <= 1.25; p95 <= 1.5); notify/fetch/decode_ms split a
 worker's time into the WatchRun notification, `adapters.read_version` (GETs + sha256 checks) and
-the decode.
+the decode; busy/raw_busy = the share of the machine's cores in use while each side ran (both sides
+share them with the S3 server: a side near 1 has no core left to hide its work on).
 The same is then measured with one worker alone (`*_1w_*`): N workers on this 2-core machine share
 cores for the CPU parts (sha256, decode) that N real workers would each do on their own machine.
 
@@ -42,7 +43,7 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-from brigade_bench.system import percentile, progress, workdir
+from brigade_bench.system import machine_ticks, percentile, progress, workdir
 
 FULL = dict(workers=4, rounds=15)
 QUICK = dict(workers=4, rounds=5)
@@ -286,6 +287,12 @@ def _figures(name: str, ours: list[list[float]], raw: list[list[float]], size: i
     }
 
 
+def _add_ticks(acc: list[int], before: tuple[int, int] | None, after: tuple[int, int] | None) -> None:
+    if before is not None and after is not None:
+        acc[0] += after[0] - before[0]
+        acc[1] += after[1] - before[1]
+
+
 async def _measure(client, bucket, run: str, n: int, watchers: Watchers, payloads: dict[str, dict[str, bytes]],
                    rounds: int) -> dict[str, dict]:
     """Publish-to-cached and raw GET times, per round and worker, for each payload."""
@@ -298,6 +305,7 @@ async def _measure(client, bucket, run: str, n: int, watchers: Watchers, payload
         ours: list[list[float]] = []
         raw: list[list[float]] = []
         parts: list[dict[str, float]] = []
+        ticks = {"ours": [0, 0], "raw": [0, 0]}  # the machine's busy and total ticks while each side ran
         for r in range(rounds + 1):  # round 0 warms subscriptions, connections and the server
             for side in (["ours", "raw"] if r % 2 == 0 else ["raw", "ours"]):
                 if side == "ours":
@@ -305,8 +313,9 @@ async def _measure(client, bucket, run: str, n: int, watchers: Watchers, payload
                     manifest = await adapters.write_version(bucket, run, version, version, files, "bf16")
                     await client.learner.PublishAdapter(pb.PublishAdapterRequest(run_id=run, manifest=manifest),
                                                         timeout=30)
-                    t0 = time.time()
+                    t0, tick0 = time.time(), machine_ticks()
                     rows = await watchers.collect("ours", n, {"run": run, "v": version})
+                    _add_ticks(ticks["ours"], tick0, machine_ticks())
                     if r:
                         ours.append([row["t"] - t0 for row in rows])
                         parts.extend({"notify": row["seen"] - t0, "fetch": row["fetch"], "decode": row["decode"]}
@@ -314,11 +323,14 @@ async def _measure(client, bucket, run: str, n: int, watchers: Watchers, payload
                 else:
                     rid += 1
                     prefix = keys.adapter_prefix(run, version)
+                    tick0 = machine_ticks()
                     t0 = await watchers.raw(run, rid, [prefix + f for f in (adapters.MANIFEST, *sorted(files))])
                     rows = await watchers.collect("raw", n, {"id": rid})
+                    _add_ticks(ticks["raw"], tick0, machine_ticks())
                     if r:
                         raw.append([row["t"] - t0 for row in rows])
-        series[name] = {"ours": ours, "raw": raw, "parts": parts, "size": sum(len(b) for b in files.values())}
+        series[name] = {"ours": ours, "raw": raw, "parts": parts, "size": sum(len(b) for b in files.values()),
+                        "busy": {side: busy / total if total else float("nan") for side, (busy, total) in ticks.items()}}
     return series
 
 
@@ -363,6 +375,8 @@ async def _bench(url: str, cfg: dict, env: dict[str, str], root: Path) -> tuple[
         out |= _figures(name, s["ours"], s["raw"], s["size"])
         for part in ("notify", "fetch", "decode"):  # each worker's own phases, medians
             out[f"{name}_{part}_ms"] = round(percentile([p[part] for p in s["parts"]], 0.5) * 1e3, 1)
+        # how much of the machine's cores each side kept busy (this machine also runs the S3 server)
+        out[f"{name}_busy"], out[f"{name}_raw_busy"] = round(s["busy"]["ours"], 2), round(s["busy"]["raw"], 2)
     for name, s in series[1].items():
         lone = _figures(name, s["ours"], s["raw"], s["size"])
         out |= {f"{name}_1w_p50_ms": lone[f"{name}_all_p50_ms"], f"{name}_1w_raw_p50_ms": lone[f"{name}_raw_all_p50_ms"],

@@ -88,6 +88,19 @@ def theoretical_ratio(speed_factors: Sequence[float]) -> float:
     return sum(rates) / (len(rates) * min(rates))
 
 
+def machine_ticks() -> tuple[int, int] | None:
+    """(busy, total) clock ticks of every core of this machine since boot, from /proc/stat (steal
+    counts as busy: the core was not ours); None where there is no such file. The busy share of a
+    window is the difference of two readings: read it over many windows, a tick is 10 ms."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    idle = ticks[3] + ticks[4]  # idle, iowait
+    return sum(ticks) - idle, sum(ticks)
+
+
 def percentile(values: Iterable[float], q: float) -> float:
     """Linear-interpolated percentile, q in [0, 1]; NaN for no values."""
     xs = sorted(values)
