@@ -20,6 +20,7 @@ async def test_bench_proxy_smoke():
                 "processes_acquire_p99_ms", "processes_cycles_per_s", "one_call_cycles_per_s", "one_call_p99_ms",
                 "one_call_cpu_ms_per_cycle", "one_call_processes_p99_ms"):
         assert out[key] > 0, key
+    assert 0 <= out["one_call_over_target_share"] <= 1 and out["one_call_slow_stretch_s"] >= 0
     # 1 process: closed loop, paced, light, then one call a cycle closed and paced; then 2 processes:
     # paced, closed, paced with one call
     assert out["cycles"] == 400 + 120 + 60 + 400 + 120 + 120 + 400 + 120 and out["denied"] == 0
