@@ -36,6 +36,7 @@ from aiobotocore.session import get_session
 
 from brigade.bucket import open_bucket, sha256_hex
 from brigade.bucket.s3 import S3Bucket
+from brigade_bench.system import process_cpu_s
 from brigade_cli.devservers import MOTO_ENV, start_moto
 
 MiB = 1 << 20
@@ -54,20 +55,6 @@ def _env(values: dict[str, str]) -> Iterator[None]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-
-
-def process_cpu_s(pid: int | None) -> float | None:
-    """CPU seconds (user + system, every thread, exited ones included) that process `pid` has used,
-    from /proc; None where there is no such file. In clock ticks (10 ms here): read it as a mean
-    over many calls, not per call."""
-    if pid is None:
-        return None
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()  # the command name may hold spaces
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def _timed(fn: Callable[[], Awaitable[Any]], server_pid: int | None) -> tuple[float, float, float | None]:

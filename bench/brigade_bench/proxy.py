@@ -174,10 +174,15 @@ def _client_process_main() -> None:
     Path(sys.argv[2]).write_text(json.dumps(result))  # a file: a pipe cut a big result short under uvloop
 
 
+def _tag(rate: float, one_call: bool) -> str:
+    """The phase's part of its clients' worker ids."""
+    return ("one-" if one_call else "") + ("paced" if rate else "p")
+
+
 async def _proxy_clients_in_processes(target: str, run_id: str, processes: int, clients: int,
                                       cycles: int, rate: float = 0.0, one_call: bool = False) -> list[dict]:
     start_at = time.time() + 3.0  # process start, imports and connecting take about a second
-    tag = ("one-" if one_call else "") + ("paced" if rate else "p")
+    tag = _tag(rate, one_call)
     code = "from brigade_bench.proxy import _client_process_main; _client_process_main()"
     with tempfile.TemporaryDirectory(prefix="brigade-bench-clients-") as tmp:
         outs = [Path(tmp) / f"client-{i}.json" for i in range(processes)]
@@ -270,8 +275,8 @@ def _start_proxy(redis_url: str, port: int, pipelined: bool = True, processes: i
 async def _phase(target: str, run_id: str, processes: int, cycles: int, rate: float = 0.0,
                  one_call: bool = False) -> dict:
     if processes <= 1:
-        tag = ("one-" if one_call else "") + ("paced" if rate else "p")
-        results = [await _proxy_clients(target, run_id, CONCURRENCY, cycles, tag, rate, one_call=one_call)]
+        results = [await _proxy_clients(target, run_id, CONCURRENCY, cycles, _tag(rate, one_call), rate,
+                                        one_call=one_call)]
     else:
         results = await _proxy_clients_in_processes(target, run_id, processes, CONCURRENCY, cycles, rate, one_call)
     acquire = [x for r in results for x in r["acquire_ms"]]
@@ -293,23 +298,15 @@ def _longest_slow_stretch_s(latency_ms: list[float], ends: list[float], limit_ms
     return round(longest * window_s, 3)
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds so far of a process and its children (`--processes`; Linux's /proc,
-    NaN elsewhere)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        return own + sum(_cpu_seconds(int(child)) for child in children)
-    except (OSError, IndexError, ValueError):
-        return float("nan")
-
-
 async def _phase_with_cpu(pid: int, *phase_args, **phase_kwargs) -> tuple[dict, float]:
-    """A `_phase`, and the CPU seconds the proxy (process `pid` and its children) spent on it."""
-    cpu0 = _cpu_seconds(pid)
+    """A `_phase`, and the CPU seconds the proxy (process `pid` and its children) spent on it (NaN
+    where /proc cannot tell)."""
+    from brigade_bench.system import process_cpu_s
+
+    cpu0 = process_cpu_s(pid, children=True)
     result = await _phase(*phase_args, **phase_kwargs)
-    return result, _cpu_seconds(pid) - cpu0
+    cpu1 = process_cpu_s(pid, children=True)
+    return result, float("nan") if cpu0 is None or cpu1 is None else cpu1 - cpu0
 
 
 def _stop(proc: subprocess.Popen) -> None:

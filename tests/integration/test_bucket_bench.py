@@ -11,17 +11,18 @@ import time
 import pytest
 
 from brigade_bench import bucket as bench
+from brigade_bench.system import process_cpu_s
 
 
 def test_process_cpu_counts_this_process_and_not_a_gone_one():
-    before = bench.process_cpu_s(os.getpid())
+    before = process_cpu_s(os.getpid())
     t0 = time.process_time()
     while time.process_time() - t0 < 0.1:
         pass
-    assert bench.process_cpu_s(os.getpid()) - before >= 0.05   # 10 ms ticks: well inside 0.1 s
+    assert process_cpu_s(os.getpid()) - before >= 0.05   # 10 ms ticks: well inside 0.1 s
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    assert bench.process_cpu_s(int(gone.stdout)) is None
-    assert bench.process_cpu_s(None) is None
+    assert process_cpu_s(int(gone.stdout)) is None
+    assert process_cpu_s(None) is None
 
 
 @pytest.mark.asyncio(loop_scope="session")

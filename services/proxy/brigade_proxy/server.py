@@ -136,7 +136,7 @@ class LeaseServicer(pbg.LeaseServiceServicer):
         c = await self.leases.complete(request.run_id, request.lease_id, request.worker_id, manifest)
         # one gRPC call per batch instead of two: the per-call cost (grpc's event loop and poller,
         # about two thirds of the proxy's CPU per lease cycle) is paid once
-        return pb.CompleteLeaseResponse(duplicate=c.duplicate, next=await self._acquire(nxt) if nxt else None)
+        return pb.CompleteLeaseResponse(duplicate=c.duplicate, next=await self._acquire(nxt) if nxt is not None else None)
 
     @rpc
     async def FailLease(self, request: pb.FailLeaseRequest, context) -> pb.FailLeaseResponse:

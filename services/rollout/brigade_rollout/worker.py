@@ -301,7 +301,7 @@ class Worker:
             if await self._process(resp.lease, want_next=cfg.max_batches == 0 or done + 1 < cfg.max_batches):
                 done += 1
 
-    async def _process(self, lease: pb.Lease, want_next: bool = True) -> bool:
+    async def _process(self, lease: pb.Lease, want_next: bool = False) -> bool:
         """One lease, start to finish. True when the rollout was handed to the proxy. With `want_next`,
         the completing call also asks for the next lease (kept in self._next for the loop)."""
         t0 = time.monotonic()
