@@ -13,7 +13,11 @@ one_call_*           the worker's cycle since CompleteLease takes `next`: one ca
                      handing in a batch and holding the next lease), one_call_cpu_ms_per_cycle
                      the proxy's CPU per cycle there; one_call_over_target_share the share of
                      its calls over the 25 ms target and one_call_slow_stretch_s the longest run
-                     of 100 ms windows holding such a call (a p99 set by queueing comes in stretches)
+                     of 100 ms windows holding such a call (a p99 set by queueing comes in stretches);
+                     one_call_clients/redis_cpu_ms_per_cycle what the load clients and Redis spent
+                     beside the proxy on this machine, one_call_machine_busy/steal the share of its
+                     cores in use and taken by the hypervisor over the phase, and _slow_busy/_slow_steal
+                     the same in the windows holding a call over 25 ms
 saturated_acquire_*  AcquireLease latency in that closed loop; by Little's law it is mostly
                      queueing (64 calls in flight / throughput), not service time
 acquire_p50/p99_ms, complete_*
@@ -41,6 +45,7 @@ channels of a process on one connection, and so on one proxy process).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -48,6 +53,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 CONCURRENCY = 64
@@ -152,12 +158,13 @@ async def _proxy_clients(target: str, run: str, clients: int, cycles: int, tag: 
             complete_ms.append(result[1])
             ends.append(time.time())
 
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     await asyncio.gather(*(client(i) for i in range(clients)))
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu  # this process's CPU, every thread
     for ch in channels:
         await ch.close()
-    return {"acquire_ms": acquire_ms, "complete_ms": complete_ms, "ends": ends, "elapsed": elapsed, "denied": denied}
+    return {"acquire_ms": acquire_ms, "complete_ms": complete_ms, "ends": ends, "elapsed": elapsed, "denied": denied,
+            "cpu_s": cpu}
 
 
 def _client_process_main() -> None:
@@ -284,29 +291,86 @@ async def _phase(target: str, run_id: str, processes: int, cycles: int, rate: fl
     wall = max(r["elapsed"] for r in results)
     return {"rate": len(acquire) / wall, "acquire": acquire, "complete": complete, "cycles": len(acquire),
             "ends": [x for r in results for x in r["ends"]],
-            "denied": sum(r["denied"] for r in results)}
+            "denied": sum(r["denied"] for r in results), "clients_cpu_s": sum(r["cpu_s"] for r in results)}
 
 
-def _longest_slow_stretch_s(latency_ms: list[float], ends: list[float], limit_ms: float, window_s: float = 0.1) -> float:
-    """The longest run of consecutive `window_s` windows in which some call (placed by its start) took
-    over `limit_ms`: whether a p99 comes from calls slow all along or from a stretch where they queue."""
-    slow = sorted({int((end - ms / 1000) / window_s) for ms, end in zip(latency_ms, ends, strict=True) if ms > limit_ms})
+WINDOW_S = 0.1  # the windows in which slow calls and the machine's state are placed
+
+
+def _slow_windows(latency_ms: list[float], ends: list[float], limit_ms: float) -> set[int]:
+    """The WINDOW_S windows (numbered from the epoch) in which some call over `limit_ms` started."""
+    return {int((end - ms / 1000) / WINDOW_S) for ms, end in zip(latency_ms, ends, strict=True) if ms > limit_ms}
+
+
+def _longest_slow_stretch_s(latency_ms: list[float], ends: list[float], limit_ms: float) -> float:
+    """The longest run of consecutive windows in which some call (placed by its start) took over
+    `limit_ms`: whether a p99 comes from calls slow all along or from a stretch where they queue."""
+    slow = sorted(_slow_windows(latency_ms, ends, limit_ms))
     longest = run = 0
     for i, w in enumerate(slow):
         run = run + 1 if i and w == slow[i - 1] + 1 else 1
         longest = max(longest, run)
-    return round(longest * window_s, 3)
+    return round(longest * WINDOW_S, 3)
 
 
-async def _phase_with_cpu(pid: int, *phase_args, **phase_kwargs) -> tuple[dict, float]:
-    """A `_phase`, and the CPU seconds the proxy (process `pid` and its children) spent on it (NaN
-    where /proc cannot tell)."""
+@contextlib.asynccontextmanager
+async def _machine_windows() -> AsyncIterator[dict[int, tuple[float, float]]]:
+    """While inside: window number -> (busy, stolen) share of the machine's cores in that WINDOW_S
+    window, read from /proc/stat by a task of this event loop (empty where there is no /proc)."""
+    from brigade_bench.system import machine_ticks
+
+    shares: dict[int, tuple[float, float]] = {}
+
+    async def sample() -> None:
+        at, before = time.time(), machine_ticks()
+        while True:
+            await asyncio.sleep(WINDOW_S)
+            now, after = time.time(), machine_ticks()
+            if before is not None and after is not None and after.total > before.total:
+                ticks = after.total - before.total
+                shares[int(at / WINDOW_S)] = ((after.busy - before.busy) / ticks, (after.steal - before.steal) / ticks)
+            at, before = now, after
+
+    task = asyncio.create_task(sample())
+    try:
+        yield shares
+    finally:
+        task.cancel()
+
+
+def _machine_during(windows: dict[int, tuple[float, float]], latency_ms: list[float], ends: list[float],
+                    limit_ms: float) -> dict[str, float]:
+    """The machine's mean busy and stolen share over the timed part of a phase, and over its windows
+    that hold a call over `limit_ms` (NaN with none): what the rest of the machine did while calls queued."""
+    starts = [end - ms / 1000 for ms, end in zip(latency_ms, ends, strict=True)]
+    if not starts:
+        return {}
+    first, last = int(min(starts) / WINDOW_S), int(max(ends) / WINDOW_S)
+    timed = {w: v for w, v in windows.items() if first <= w <= last}
+    slow = [v for w, v in timed.items() if w in _slow_windows(latency_ms, ends, limit_ms)]
+
+    def mean(rows: list[tuple[float, float]], i: int) -> float:
+        return round(statistics.fmean(r[i] for r in rows), 3) if rows else float("nan")
+
+    rows = list(timed.values())
+    return {"busy": mean(rows, 0), "steal": mean(rows, 1), "slow_busy": mean(slow, 0), "slow_steal": mean(slow, 1)}
+
+
+async def _phase_with_cpu(pid: int, redis_pid: int, *phase_args, **phase_kwargs) -> tuple[dict, dict]:
+    """A `_phase`, and who else used the machine during it: the CPU seconds of the proxy (process
+    `pid` and its children) and of Redis (NaN where /proc cannot tell), and the machine's busy and
+    stolen share in each window (`_machine_windows`). The clients' own is in the phase's result."""
     from brigade_bench.system import process_cpu_s
 
-    cpu0 = process_cpu_s(pid, children=True)
-    result = await _phase(*phase_args, **phase_kwargs)
-    cpu1 = process_cpu_s(pid, children=True)
-    return result, float("nan") if cpu0 is None or cpu1 is None else cpu1 - cpu0
+    def cpu() -> tuple[float | None, float | None]:
+        return process_cpu_s(pid, children=True), process_cpu_s(redis_pid)
+
+    before = cpu()
+    async with _machine_windows() as windows:
+        result = await _phase(*phase_args, **phase_kwargs)
+    after = cpu()
+    spent = [float("nan") if a is None or b is None else b - a for a, b in zip(before, after, strict=True)]
+    return result, {"proxy": spent[0], "redis": spent[1], "windows": dict(windows)}
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -354,13 +418,13 @@ async def run(quick: bool = False, client_processes: int = 2, paced_rate: float 
                 await _create_run(target, run_id, 3 * cycles + 4 * paced_cycles + light_cycles + 3 * warmup + 4000)
                 await _proxy_clients(target, run_id, CONCURRENCY, min(warmup, cycles), "warm")
                 saturated = await _phase(target, run_id, client_processes, cycles)
-                paced, paced_cpu = await _phase_with_cpu(proxy.pid, target, run_id, client_processes, paced_cycles,
-                                                         paced_rate)
+                paced, paced_cpu = await _phase_with_cpu(proxy.pid, redis.proc.pid, target, run_id, client_processes,
+                                                         paced_cycles, paced_rate)
                 light = await _phase(target, run_id, client_processes, light_cycles, LIGHT_RATE)
                 # the worker's cycle: one CompleteLease that also acquires the next lease
                 one_saturated = await _phase(target, run_id, client_processes, cycles, one_call=True)
-                one_paced, one_cpu = await _phase_with_cpu(proxy.pid, target, run_id, client_processes, paced_cycles,
-                                                           paced_rate, one_call=True)
+                one_paced, one_cpu = await _phase_with_cpu(proxy.pid, redis.proc.pid, target, run_id, client_processes,
+                                                           paced_cycles, paced_rate, one_call=True)
             finally:
                 _stop(proxy)
             # `--processes N` on one port, the same run
@@ -369,11 +433,12 @@ async def run(quick: bool = False, client_processes: int = 2, paced_rate: float 
             target = f"127.0.0.1:{port}"
             try:
                 await _proxy_clients(target, run_id, CONCURRENCY, min(warmup, cycles), "warm")
-                several_paced, several_cpu = await _phase_with_cpu(proxy.pid, target, run_id, client_processes,
-                                                                   paced_cycles, paced_rate)
+                several_paced, several_cpu = await _phase_with_cpu(proxy.pid, redis.proc.pid, target, run_id,
+                                                                   client_processes, paced_cycles, paced_rate)
                 several = await _phase(target, run_id, client_processes, cycles)
-                several_one, several_one_cpu = await _phase_with_cpu(proxy.pid, target, run_id, client_processes,
-                                                                     paced_cycles, paced_rate, one_call=True)
+                several_one, several_one_cpu = await _phase_with_cpu(proxy.pid, redis.proc.pid, target, run_id,
+                                                                     client_processes, paced_cycles, paced_rate,
+                                                                     one_call=True)
             finally:
                 _stop(proxy)
             plain = await _saturated_without_pipelining(redis.url, client_processes, cycles, warmup)
@@ -393,25 +458,30 @@ async def run(quick: bool = False, client_processes: int = 2, paced_rate: float 
         "acquire_p99_ms": round(_percentile(paced["acquire"], 0.99), 3),
         "complete_p50_ms": round(statistics.median(paced["complete"]), 3),
         "complete_p99_ms": round(_percentile(paced["complete"], 0.99), 3),
-        "proxy_cpu_ms_per_cycle": round(1000 * paced_cpu / max(1, paced["cycles"]), 3),
-        "proxy_cores": round(paced_cpu * paced["rate"] / max(1, paced["cycles"]), 3),
+        "proxy_cpu_ms_per_cycle": round(1000 * paced_cpu["proxy"] / max(1, paced["cycles"]), 3),
+        "proxy_cores": round(paced_cpu["proxy"] * paced["rate"] / max(1, paced["cycles"]), 3),
         # the same two with one call per cycle (CompleteLease with `next`), what workers do
         "one_call_cycles_per_s": round(one_saturated["rate"], 1),
         "one_call_paced_cycles_per_s": round(one_paced["rate"], 1),
         "one_call_p50_ms": round(statistics.median(one_paced["acquire"]), 3),
         "one_call_p99_ms": round(_percentile(one_paced["acquire"], 0.99), 3),
-        "one_call_cpu_ms_per_cycle": round(1000 * one_cpu / max(1, one_paced["cycles"]), 3),
+        "one_call_cpu_ms_per_cycle": round(1000 * one_cpu["proxy"] / max(1, one_paced["cycles"]), 3),
+        # who else wanted this machine's cores meanwhile: the load clients, Redis, the hypervisor
+        "one_call_clients_cpu_ms_per_cycle": round(1000 * one_paced["clients_cpu_s"] / max(1, one_paced["cycles"]), 3),
+        "one_call_redis_cpu_ms_per_cycle": round(1000 * one_cpu["redis"] / max(1, one_paced["cycles"]), 3),
+        **{f"one_call_machine_{k}": v for k, v in _machine_during(one_cpu["windows"], one_paced["acquire"],
+                                                                  one_paced["ends"], TARGET_P99_MS).items()},
         "one_call_over_target_share": round(sum(x > TARGET_P99_MS for x in one_paced["acquire"])
                                             / max(1, one_paced["cycles"]), 4),
         "one_call_slow_stretch_s": _longest_slow_stretch_s(one_paced["acquire"], one_paced["ends"], TARGET_P99_MS),
         # the same through `--processes N`, and its closed loop
         "processes_acquire_p50_ms": round(statistics.median(several_paced["acquire"]), 3),
         "processes_acquire_p99_ms": round(_percentile(several_paced["acquire"], 0.99), 3),
-        "processes_cpu_ms_per_cycle": round(1000 * several_cpu / max(1, several_paced["cycles"]), 3),
+        "processes_cpu_ms_per_cycle": round(1000 * several_cpu["proxy"] / max(1, several_paced["cycles"]), 3),
         "processes_cycles_per_s": round(several["rate"], 1),
         "one_call_processes_p50_ms": round(statistics.median(several_one["acquire"]), 3),
         "one_call_processes_p99_ms": round(_percentile(several_one["acquire"], 0.99), 3),
-        "one_call_processes_cpu_ms_per_cycle": round(1000 * several_one_cpu / max(1, several_one["cycles"]), 3),
+        "one_call_processes_cpu_ms_per_cycle": round(1000 * several_one_cpu["proxy"] / max(1, several_one["cycles"]), 3),
         # open loop at a fleet-like load: 64 workers, one cycle every 320 ms each
         "light_acquire_p50_ms": round(statistics.median(light["acquire"]), 3),
         "light_acquire_p99_ms": round(_percentile(light["acquire"], 0.99), 3),

@@ -13,7 +13,9 @@ The flat summary (what `--json` prints) keeps each figure's key for its median, 
 run's JSON reads the same keys, and adds `<key>_worst` (with several runs), `repeat`, and
 `load_before` / `load_after` (each run's 1-minute load average, comma-separated, in run order) and
 `cpu_probe_ms` / `net_probe_ms` (before each run, the time of a fixed piece of work on one core and
-of 2,000 loopback TCP round trips: how fast the machine is that minute).
+of 2,000 loopback TCP round trips: how fast the machine is that minute) and `steal_pct` (during
+each run, the share of the machine's core time its hypervisor gave to other machines: load from
+neighbours that no load average here shows).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+from brigade_bench.system import machine_ticks, steal_share
+
 # figure names, by the end of the name (or the whole name), whose larger value is better; the
 # rest of the numeric names that end like LOWER are better small. Booleans are better true.
 HIGHER = ("_per_s", "_mb_s", "speedup", "_vs_theory", "_capacity")
@@ -38,7 +42,7 @@ LOWER = ("_ratio", "_ratio_cpu", "_ms", "_s", "_idle", "_idle_from_go", "_loss",
 
 
 # what each run records beside its result, besides the load average (the summary's keys for them)
-PROBES = ("cpu_probe_ms", "net_probe_ms")
+PROBES = ("cpu_probe_ms", "net_probe_ms", "steal_pct")
 
 
 def better(key: str) -> str | None:
@@ -162,7 +166,7 @@ def summarize(runs: list[dict]) -> dict:
     for when in ("load_before", "load_after"):
         out[when] = ",".join(f"{r[when][0]:.2f}" if r.get(when) else "?" for r in runs)
     for probe in PROBES:
-        out[probe] = ",".join(f"{r[probe]:g}" if r.get(probe) else "?" for r in runs)
+        out[probe] = ",".join(f"{r[probe]:g}" if r.get(probe) is not None else "?" for r in runs)
     return out
 
 
@@ -199,7 +203,7 @@ def run_repeated(name: str, quick: bool, repeat: int, out_dir: Path | None = Non
     runs = []
     for i in range(1, repeat + 1):
         before, speed = loadavg(), probes()
-        t0 = time.monotonic()
+        t0, ticks0 = time.monotonic(), machine_ticks()
         if repeat > 1:
             print(f"== {name} run {i}/{repeat} (load {load_text(before)}, probes cpu {speed['cpu_probe_ms']:g} ms, "
                   f"net {speed['net_probe_ms']:g} ms)", file=sys.stderr, flush=True)
@@ -208,8 +212,9 @@ def run_repeated(name: str, quick: bool, repeat: int, out_dir: Path | None = Non
         except Exception as e:  # noqa: BLE001 - recorded as the run's result, its traceback on stderr
             traceback.print_exc()
             result = {"error": f"{type(e).__name__}: {e}"[:2000]}
+        steal = steal_share(ticks0, machine_ticks())
         runs.append({"result": result, "seconds": round(time.monotonic() - t0, 1), "load_before": before,
-                     "load_after": loadavg(), **speed})
+                     "load_after": loadavg(), **speed, "steal_pct": None if steal is None else round(100 * steal, 1)})
         if repeat > 1:
             print(json.dumps(result), file=sys.stderr, flush=True)
     return runs

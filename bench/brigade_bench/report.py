@@ -241,6 +241,8 @@ def evaluate(results: dict[str, dict | list[dict]], targets: list[Target] = TARG
             if len(judged) < len(runs):
                 measured += f", {len(judged)} of {len(runs)} runs measured it"
             where = f"run {i}, load {_load1(worst.get('load_before'))} -> {_load1(worst.get('load_after'))}"
+            if worst.get("steal_pct") is not None:
+                where += f", steal {worst['steal_pct']:g} %"
         rows.append(Row(t.bench, t.what, measured, t.target(r), "pass" if t.check(r) else "miss", where))
     return rows
 
@@ -260,7 +262,7 @@ def render_table(rows: list[Row]) -> str:
         lines += [f"| {r.bench} | {_cell(r.what)} | {_cell(r.measured)} | {_cell(r.target)} | {mark[r.status]} |"
                   for r in rows]
         return "\n".join(lines)
-    lines = ["| benchmark | figure | worst run (median) | target | | worst run, 1-min load before -> after |",
+    lines = ["| benchmark | figure | worst run (median) | target | | worst run: 1-min load before -> after, steal during |",
              "|---|---|---|---|---|---|"]
     lines += [f"| {r.bench} | {_cell(r.what)} | {_cell(r.measured)} | {_cell(r.target)} | {mark[r.status]} | "
               f"{_cell(r.worst_run)} |" for r in rows]
@@ -284,7 +286,8 @@ def _shown(v: object) -> str:
 
 def render_runs(runs: list[dict], summary: dict) -> str:
     """Every figure of one benchmark over its runs: median, worst (where the name says which way is
-    better) and each run's value; then each run's load average before and after, and its seconds."""
+    better) and each run's value; then each run's load average before and after, the probes, the
+    hypervisor's steal during it, and its seconds."""
     n = len(runs)
     lines = ["| figure | median | worst | " + " | ".join(f"run {i}" for i in range(1, n + 1)) + " |",
              "|---|---|---|" + "---|" * n]
@@ -294,10 +297,11 @@ def render_runs(runs: list[dict], summary: dict) -> str:
         each = [_shown(run["result"].get(k, "")) for run in runs]
         worst = summary.get(f"{k}_worst", "")
         lines.append(f"| `{k}` | {_cell(_shown(v))} | {_cell(_shown(worst))} | " + " | ".join(map(_cell, each)) + " |")
-    lines += ["", "| run | load before (1, 5, 15 min) | load after | cpu / net probe before (ms) | seconds |",
-              "|---|---|---|---|---|"]
+    lines += ["", "| run | load before (1, 5, 15 min) | load after | cpu / net probe before (ms) | steal during (%) "
+              "| seconds |", "|---|---|---|---|---|---|"]
     lines += [f"| {i} | {load_text(run.get('load_before'))} | {load_text(run.get('load_after'))} | "
-              f"{run.get('cpu_probe_ms', '?')} / {run.get('net_probe_ms', '?')} | {run.get('seconds', 0):.0f} |"
+              f"{run.get('cpu_probe_ms', '?')} / {run.get('net_probe_ms', '?')} | {_shown(run.get('steal_pct', '?'))} | "
+              f"{run.get('seconds', 0):.0f} |"
               for i, run in enumerate(runs, 1)]
     return "\n".join(lines)
 

@@ -43,7 +43,7 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-from brigade_bench.system import machine_ticks, percentile, progress, workdir
+from brigade_bench.system import Ticks, machine_ticks, percentile, progress, workdir
 
 FULL = dict(workers=4, rounds=15)
 QUICK = dict(workers=4, rounds=5)
@@ -287,10 +287,10 @@ def _figures(name: str, ours: list[list[float]], raw: list[list[float]], size: i
     }
 
 
-def _add_ticks(acc: list[int], before: tuple[int, int] | None, after: tuple[int, int] | None) -> None:
+def _add_ticks(acc: list[int], before: Ticks | None, after: Ticks | None) -> None:
     if before is not None and after is not None:
-        acc[0] += after[0] - before[0]
-        acc[1] += after[1] - before[1]
+        acc[0] += after.busy - before.busy
+        acc[1] += after.total - before.total
 
 
 async def _measure(client, bucket, run: str, n: int, watchers: Watchers, payloads: dict[str, dict[str, bytes]],

@@ -45,6 +45,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from brigade_cli.system import LocalSystem, Service
 from brigade_testing.slow_engine import DelayModel
@@ -105,17 +106,32 @@ def process_cpu_s(pid: int | None, children: bool = False) -> float | None:
     return None if None in theirs else own + sum(theirs)
 
 
-def machine_ticks() -> tuple[int, int] | None:
-    """(busy, total) clock ticks of every core of this machine since boot, from /proc/stat (steal
-    counts as busy: the core was not ours); None where there is no such file. The busy share of a
-    window is the difference of two readings: read it over many windows, a tick is 10 ms."""
+class Ticks(NamedTuple):
+    """Clock ticks of every core of this machine since boot (/proc/stat); a tick is 10 ms here."""
+
+    busy: int   # not idle: user, system, interrupts, and steal (the core was not ours)
+    steal: int  # the hypervisor ran another machine while this one wanted the core
+    total: int
+
+
+def machine_ticks() -> Ticks | None:
+    """This machine's ticks now; None where there is no /proc/stat. Shares of a window are the
+    differences of two readings: read them over many windows, not one."""
     try:
         with open("/proc/stat") as f:
             ticks = [int(x) for x in f.readline().split()[1:9]]
     except (OSError, ValueError):
         return None
     idle = ticks[3] + ticks[4]  # idle, iowait
-    return sum(ticks) - idle, sum(ticks)
+    return Ticks(sum(ticks) - idle, ticks[7], sum(ticks))
+
+
+def steal_share(before: Ticks | None, after: Ticks | None) -> float | None:
+    """The share of the machine's core time the hypervisor took between two readings (None: unknown).
+    A VM's neighbours are invisible to its load average; this is where they show."""
+    if before is None or after is None or after.total <= before.total:
+        return None
+    return (after.steal - before.steal) / (after.total - before.total)
 
 
 def percentile(values: Iterable[float], q: float) -> float:

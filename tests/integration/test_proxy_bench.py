@@ -26,4 +26,8 @@ async def test_bench_proxy_smoke():
     assert out["cycles"] == 400 + 120 + 60 + 400 + 120 + 120 + 400 + 120 and out["denied"] == 0
     assert 0 < out["proxy_cpu_ms_per_cycle"] < 1000 and out["proxy_cores"] > 0   # read off the proxy's /proc
     assert out["processes_cpu_ms_per_cycle"] > 0  # the children's CPU is counted too
+    # who else used the cores during the one-call phase: the client processes (their own clocks) and
+    # Redis (read in 10 ms ticks: a 120-cycle phase may round to none); the machine's shares are shares
+    assert out["one_call_clients_cpu_ms_per_cycle"] > 0 and out["one_call_redis_cpu_ms_per_cycle"] >= 0
+    assert 0 < out["one_call_machine_busy"] <= 1 and 0 <= out["one_call_machine_steal"] <= out["one_call_machine_busy"]
     json.dumps(out)

@@ -4,6 +4,7 @@ average around each run), and the report's targets judged on the worst run."""
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 
@@ -22,7 +23,7 @@ def test_which_way_is_better_is_read_off_the_name():
 
 def _runs(*results: dict) -> list[dict]:
     return [{"result": r, "seconds": 1.0, "load_before": (0.5 + i, 0.4, 0.3), "load_after": (1.5 + i, 0.4, 0.3),
-             "cpu_probe_ms": 30.0 + i, "net_probe_ms": 25.5} for i, r in enumerate(results)]
+             "cpu_probe_ms": 30.0 + i, "net_probe_ms": 25.5, "steal_pct": 2.0 * i} for i, r in enumerate(results)]
 
 
 def test_summary_is_median_and_worst_with_the_load_of_each_run():
@@ -36,7 +37,7 @@ def test_summary_is_median_and_worst_with_the_load_of_each_run():
     assert s["ok"] is True and s["ok_worst"] is False                        # most runs said true; one did not
     assert s["plot"] == "c.png" and s["repeat"] == 3
     assert s["load_before"] == "0.50,1.50,2.50" and s["load_after"] == "1.50,2.50,3.50"
-    assert s["cpu_probe_ms"] == "30,31,32" and s["net_probe_ms"] == "25.5,25.5,25.5"
+    assert s["cpu_probe_ms"] == "30,31,32" and s["net_probe_ms"] == "25.5,25.5,25.5" and s["steal_pct"] == "0,2,4"
     two = repeat.summarize(runs[:2])
     assert two["rounds"] == 3 and type(two["rounds"]) is int and two["get_ratio"] == 1.175  # mean of the pair
     one = repeat.summarize(runs[:1])
@@ -48,6 +49,7 @@ def test_a_failed_run_is_recorded_and_the_others_still_count(capsys):
 
     def once(name, quick, out_dir):
         item = next(calls)
+        time.sleep(0.05)  # a few of the machine's clock ticks pass during each run
         if isinstance(item, Exception):
             raise item
         return item
@@ -57,7 +59,10 @@ def test_a_failed_run_is_recorded_and_the_others_still_count(capsys):
     assert all(r["load_before"] is not None and r["load_after"] is not None for r in runs)
     # the machine's speed before each run: fixed pieces of work, timed (positive, and not absurd)
     assert all(0 < r["cpu_probe_ms"] < 60_000 and 0 < r["net_probe_ms"] < 60_000 for r in runs)
+    # and the hypervisor's share of the machine during each: a percentage read off /proc/stat
+    assert all(0 <= r["steal_pct"] <= 100 for r in runs)
     s = repeat.summarize(runs)
+    assert len(s["steal_pct"].split(",")) == 3
     assert s["x_ms"] == 3.0 and s["x_ms_worst"] == 4.0 and s["runs_failed"] == 1 and "boom" in s["error"]
     assert "Traceback" in capsys.readouterr().err
 
@@ -68,12 +73,13 @@ def test_targets_are_judged_on_the_worst_run():
     rows = {r.what.split(",")[0]: r for r in report.evaluate({"bucket": runs})}
     put, get = rows["put 34 MiB"], rows["get 34 MiB with sha256 check"]
     assert put.status == "pass" and put.measured.startswith("1.08x") and "median 1.02x" in put.measured
-    assert get.status == "miss" and get.measured.startswith("1.21x") and get.worst_run == "run 2, load 1.50 -> 2.50"
+    assert get.status == "miss" and get.measured.startswith("1.21x") and get.worst_run == "run 2, load 1.50 -> 2.50, steal 2 %"
     # one run without the figure: judged on the others, and the row says so
     partial = report.evaluate({"bucket": [*runs[:1], {"result": {"error": "x"}}]})
     assert partial[0].status == "pass" and "1 of 2 runs" in partial[0].measured
     table = report.render_table(rows.values())
-    assert "worst run" in table and "run 2, load 1.50 -> 2.50" in table
+    assert "worst run" in table and "run 2, load 1.50 -> 2.50, steal 2 %" in table
+    assert "| 2 | 1.50 0.40 0.30 | 2.50 0.40 0.30 | 31.0 / 25.5 | 2 |" in report.render_runs(runs, repeat.summarize(runs))
 
 
 def test_a_nan_figure_is_the_worst_run():
