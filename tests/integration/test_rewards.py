@@ -14,7 +14,8 @@ import pytest
 
 from brigade import reward_builtins, rewards
 from brigade.reward_builtins import math_reward
-from brigade.rewards import RewardCall, RewardRejected, RewardSet, RqSandbox, Scores, clean
+from brigade.reward_sandbox import RqSandbox
+from brigade.rewards import RewardCall, RewardRejected, RewardSet, Scores, clean
 
 # ---------------------------------------------------------------- functions used by reference below
 

@@ -125,6 +125,11 @@ def run_prefix(run: str) -> str:
     return f"runs/{run}/"
 
 
+def reward_queue(run: str) -> str:
+    """The rq queue of a run's sandboxed reward jobs (rq keeps it as `rq:queue:<this>`)."""
+    return f"brigade:{run}:rewards"
+
+
 def run_spec_key(run: str) -> str:
     return f"runs/{run}/run.pb"
 

@@ -33,7 +33,8 @@ async def _evaluate(run: str, version: int, bucket_url: str, redis_url: str, rq_
     from brigade import adapters
     from brigade.bucket import ObjectExists, open_bucket
     from brigade.datasets import eval_prompts, prompt_value
-    from brigade.rewards import RewardCall, RewardSet, RqSandbox, TrainerState, reward_queue
+    from brigade.reward_sandbox import RqSandbox
+    from brigade.rewards import RewardCall, RewardSet, TrainerState
     from brigade.store import NotFound, Store
     from brigade.v1 import brigade_pb2 as pb
 
@@ -63,7 +64,7 @@ async def _evaluate(run: str, version: int, bucket_url: str, redis_url: str, rq_
             # sandboxed rewards run as rq jobs on the run's reward queue, served by our own rq worker
             sandbox = None
             if any(r.sandboxed for r in spec.rewards):
-                sandbox = RqSandbox(rq_url or redis_url, reward_queue(run), start_worker=True)
+                sandbox = RqSandbox(rq_url or redis_url, keys.reward_queue(run), start_worker=True)
             rewards = RewardSet.from_specs(spec.rewards, sandbox, device=spec.device,
                                            trust_remote_code=spec.trust_remote_code)
             state = TrainerState(global_step=version, max_steps=spec.max_steps, num_train_epochs=spec.epochs)

@@ -51,7 +51,8 @@ from brigade.engine.hf import HFEngine
 from brigade.model import load_tokenizer
 from brigade.options import default_fleet_id
 from brigade.retry import retry
-from brigade.rewards import RewardCall, RewardSet, RqSandbox, TrainerState, reward_queue
+from brigade.reward_sandbox import RqSandbox
+from brigade.rewards import RewardCall, RewardSet, TrainerState
 from brigade.rollout_format import Rollout, build_rollout
 from brigade.rpc import ProxyClient, retry_unavailable
 from brigade.service import until_signal
@@ -344,7 +345,7 @@ async def serve(cfg: TrainerConfig) -> signal.Signals | None:
             spec.device = cfg.device
         sandbox = None
         if any(r.sandboxed for r in spec.rewards) and cfg.redis_url:
-            sandbox = RqSandbox(cfg.redis_url, reward_queue(cfg.run), start_worker=cfg.reward_workers)
+            sandbox = RqSandbox(cfg.redis_url, keys.reward_queue(cfg.run), start_worker=cfg.reward_workers)
         try:
             rewards = RewardSet.from_specs(spec.rewards, sandbox, device=spec.device,
                                            trust_remote_code=spec.trust_remote_code)

@@ -62,7 +62,8 @@ from brigade.engine import make_engine
 from brigade.engine.base import Engine, Sample, Stopped
 from brigade.options import default_fleet_id
 from brigade.retry import Backoff, retry
-from brigade.rewards import RewardCall, RewardSet, RqSandbox, Scores, TrainerState, reward_queue
+from brigade.reward_sandbox import RqSandbox
+from brigade.rewards import RewardCall, RewardSet, Scores, TrainerState
 from brigade.rollout_format import Rollout, build_rollout, from_bytes
 from brigade.rpc import ProxyClient, describe_rpc_error, is_transient
 from brigade.v1 import brigade_pb2 as pb
@@ -247,7 +248,7 @@ class Worker:
             self.cache.prefetch(state.latest_version)  # overlaps with loading the model
         sandbox = None
         if any(r.sandboxed for r in spec.rewards) and cfg.redis_url:
-            sandbox = RqSandbox(cfg.redis_url, reward_queue(cfg.run), start_worker=cfg.reward_workers)
+            sandbox = RqSandbox(cfg.redis_url, keys.reward_queue(cfg.run), start_worker=cfg.reward_workers)
         try:
             self.rewards = RewardSet.from_specs(spec.rewards, sandbox, device=cfg.device or spec.device,
                                                 trust_remote_code=spec.trust_remote_code)
