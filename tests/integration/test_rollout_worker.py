@@ -381,7 +381,7 @@ async def test_sandboxed_rewards_need_a_queue(env):
 
 async def test_complete_is_retried_until_the_proxy_answers(env):
     """Upload first, then complete: an UNAVAILABLE CompleteLease is retried; a refusal is not."""
-    from brigade_rollout import worker as wmod
+    from brigade_rollout import retries
 
     class Flaky:
         def __init__(self, failures, final):
@@ -399,25 +399,25 @@ async def test_complete_is_retried_until_the_proxy_answers(env):
     w.client = type("C", (), {})()
     lease = pb.Lease(run_id="unused", lease_id="1-0", batch=pb.PromptBatch(batch_id="unused:0:0"))
     w.client.lease = Flaky(2, True)
-    orig = wmod.BACKOFF
-    wmod.BACKOFF = Backoff(base_s=0.01, cap_s=orig.cap_s)
+    orig = retries.BACKOFF
+    retries.BACKOFF = Backoff(base_s=0.01, cap_s=orig.cap_s)
     try:
         assert await w._complete(lease, pb.RolloutManifest()) is True   # the third try landed, as a duplicate
         assert w.client.lease.calls == 3
         expired = grpc.aio.AioRpcError(grpc.StatusCode.FAILED_PRECONDITION, grpc.aio.Metadata(), grpc.aio.Metadata(),
                                        "lease expired")
         w.client.lease = Flaky(1, expired)
-        with pytest.raises(wmod.LeaseGone, match="expired"):  # taken back: discard, no FailLease
+        with pytest.raises(retries.LeaseGone, match="expired"):  # taken back: discard, no FailLease
             await w._complete(lease, pb.RolloutManifest())
         assert w.client.lease.calls == 2
         refused = grpc.aio.AioRpcError(grpc.StatusCode.INVALID_ARGUMENT, grpc.aio.Metadata(), grpc.aio.Metadata(),
                                        "bad manifest")
         w.client.lease = Flaky(0, refused)
-        with pytest.raises(wmod.BatchError, match="refused"):
+        with pytest.raises(retries.BatchError, match="refused"):
             await w._complete(lease, pb.RolloutManifest())
         assert w.client.lease.calls == 1
     finally:
-        wmod.BACKOFF = orig
+        retries.BACKOFF = orig
 
 
 def other_rollout(run: str, batch: str, attempt: int, version: int) -> Rollout:

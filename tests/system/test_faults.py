@@ -80,7 +80,7 @@ def test_a_truncated_body_is_read_again_and_a_lasting_one_is_an_error(faulty, si
     """The headers promise N bytes, the connection dies after N/2: the bucket reads the object again.
     When every read is torn: a BucketError (never short data, never a CorruptObject, so nobody rejects
     a good object for it), and the worker's retry reads it once the connection heals."""
-    from brigade_rollout.worker import bucket_retryable, with_retries
+    from brigade_rollout.retries import bucket_retryable, with_retries
 
     data = os.urandom(size)
 

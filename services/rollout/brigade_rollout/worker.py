@@ -12,7 +12,7 @@
 At start, the bucket must refuse a second create-only put (brigade.bucket.probe), else the worker
 exits 2 with one line naming the store.
 
-Failure handling, in one place:
+Failure handling, in one place (the retry policy and its exceptions: brigade_rollout.retries):
 - the proxy or the bucket unreachable: retried with exponential backoff and full jitter, each try
   bounded by a timeout, forever while the process lives (logged);
 - a heartbeat answered REVOKED or LOST: generation stops at the next token, the work is dropped,
@@ -38,9 +38,7 @@ import math
 import random
 import threading
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 import grpc
 import structlog
@@ -61,7 +59,6 @@ from brigade.datasets import prompt_value
 from brigade.engine import make_engine
 from brigade.engine.base import Engine, Sample, Stopped
 from brigade.options import default_fleet_id
-from brigade.retry import Backoff, retry
 from brigade.reward_sandbox import RqSandbox
 from brigade.rewards import RewardCall, RewardSet, Scores, TrainerState
 from brigade.rollout_format import Rollout, build_rollout, from_bytes
@@ -69,18 +66,22 @@ from brigade.rpc import ProxyClient, describe_rpc_error, is_transient
 from brigade.v1 import brigade_pb2 as pb
 from brigade_rollout import metrics
 from brigade_rollout.adapter_cache import AdapterCache
+from brigade_rollout.retries import (
+    BACKOFF,
+    BUCKET_TIMEOUT_S,
+    RPC_TIMEOUT_S,
+    BatchError,
+    FatalError,
+    KeyTaken,
+    LeaseGone,
+    bucket_retryable,
+    rpc_retryable,
+    with_retries,
+)
 
-T = TypeVar("T")
 log = structlog.get_logger()
 
-RPC_TIMEOUT_S = 15.0       # one try of a unary call
-BUCKET_TIMEOUT_S = 120.0   # one try of a bucket operation
-BACKOFF = Backoff(base_s=0.2, cap_s=15.0)  # full jitter, so restarting workers spread out
 COMMIT_GRACE_S = 5.0       # a signal during upload/complete waits this long before giving up the batch
-FATAL_CODES = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
-               grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNIMPLEMENTED}
-RETRY_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED,
-               grpc.StatusCode.ABORTED, grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL}
 
 
 @dataclass
@@ -99,45 +100,6 @@ class WorkerConfig:
     device: str = ""                # overrides spec.device
     redis_url: str = ""             # rq queue for sandboxed rewards
     reward_workers: bool = True     # start a local rq worker for them
-
-
-class FatalError(Exception):
-    """A configuration problem retrying cannot fix (bad token, bad request): the worker exits."""
-
-
-class LeaseGone(Exception):
-    """The proxy took the lease back (expired or revoked) before the rollout was completed."""
-
-
-class KeyTaken(Exception):
-    """The attempt's rollout key holds bytes that are not this lease's rollout."""
-
-
-class BatchError(Exception):
-    """This batch cannot be done here; FailLease(ERROR) and move on."""
-
-
-def rpc_retryable(e: BaseException) -> bool:
-    if isinstance(e, grpc.aio.AioRpcError):
-        if e.code() in FATAL_CODES:
-            raise FatalError(describe_rpc_error(e)) from e
-        return e.code() in RETRY_CODES or e.code() == grpc.StatusCode.NOT_FOUND
-    return isinstance(e, (TimeoutError, ConnectionError))
-
-
-def bucket_retryable(e: BaseException) -> bool:
-    # missing, corrupt and create-only conflicts are answers, not outages
-    return not isinstance(e, (ObjectExists, CorruptObject, ObjectNotFound, InvalidAdapter, ValueError, TypeError))
-
-
-async def with_retries(what: str, fn: Callable[[], Awaitable[T]], retryable: Callable[[BaseException], bool],
-                       timeout_s: float) -> T:
-    """The worker's policy: each try bounded by `timeout_s`, for as long as the process lives."""
-    def log_retry(attempt: int, delay: float, e: BaseException) -> None:
-        msg = describe_rpc_error(e) if isinstance(e, grpc.aio.AioRpcError) else f"{type(e).__name__}: {e}"
-        log.warning(f"{what} failed; retrying", attempt=attempt, retry_in_s=round(delay, 2), error=msg)
-
-    return await retry(fn, retryable=retryable, backoff=BACKOFF, timeout_s=timeout_s, on_retry=log_retry)
 
 
 # ---------------------------------------------------------------- the rollout object
