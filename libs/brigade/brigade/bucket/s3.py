@@ -11,8 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AsyncExitStack, asynccontextmanager
-from contextvars import ContextVar
+from contextlib import AsyncExitStack
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -34,18 +33,23 @@ from brigade.bucket.base import (
     sha256_hex_async,
     start_sha256,
 )
+from brigade.bucket.s3_protocol import (
+    CONFLICT_RETRIES,
+    NO_BUCKET_CODES,
+    capture_payload_sha256,
+    error_code,
+    http_status,
+    is_conflict,
+    is_not_found,
+    is_precondition,
+    put_new_locks,
+    signed_payload,
+    was_retried,
+)
 
 T = TypeVar("T")
 
 MiB = 1 << 20
-
-_NOT_FOUND_CODES = {"NoSuchKey", "NotFound", "404", "NoSuchBucket"}
-_NO_BUCKET_CODES = {"NoSuchBucket"}
-# 412: the key exists. 409 ConditionalRequestConflict: another conditional write of the same key
-# is in flight right now; AWS says to retry, and the retry then tells us who won.
-_PRECONDITION_CODES = {"PreconditionFailed", "412"}
-_CONFLICT_CODES = {"ConditionalRequestConflict", "409"}
-_CONFLICT_RETRIES = 4
 
 # Errors a transfer can surface after botocore's own retries gave up.
 _TRANSPORT_ERRORS = (BotoCoreError, aiohttp.ClientError, asyncio.TimeoutError, OSError)
@@ -58,84 +62,6 @@ class _TornRead(Exception):
     """A GET whose body arrived incomplete; `get` reads again, then raises BucketError."""
 
 
-def _code(e: ClientError) -> str:
-    return str(e.response.get("Error", {}).get("Code", ""))
-
-
-def _status(e: ClientError) -> int | None:
-    return e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-
-
-def _retried(e: ClientError) -> bool:
-    return bool(e.response.get("ResponseMetadata", {}).get("RetryAttempts", 0))
-
-
-def _is_not_found(e: ClientError) -> bool:
-    return _code(e) in _NOT_FOUND_CODES or _status(e) == 404
-
-
-def _is_precondition(e: ClientError) -> bool:
-    return _code(e) in _PRECONDITION_CODES or _status(e) == 412
-
-
-def _is_conflict(e: ClientError) -> bool:
-    return _code(e) in _CONFLICT_CODES
-
-
-# Where _capture_payload_sha256 drops the digest for the PutObject in flight in this task.
-_signed_payload: ContextVar[list[str] | None] = ContextVar("brigade_signed_payload", default=None)
-
-
-def _capture_payload_sha256(request: Any, **_: Any) -> None:
-    """botocore hook, just before a PutObject goes on the wire (after signing).
-
-    With our checksum settings botocore signs the payload of every PutObject (no Content-MD5
-    or CRC header, so even over TLS it falls back to a signed body): X-Amz-Content-SHA256 then
-    holds the sha256 hex of the exact bytes sent, which is the digest `put` must return.
-    Returns None, as a before-send handler must (anything else replaces the HTTP response).
-    """
-    slot = _signed_payload.get()
-    if slot is None:
-        return
-    value = request.headers.get("X-Amz-Content-SHA256")
-    if isinstance(value, bytes):
-        value = value.decode("ascii", "replace")
-    if isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value):
-        slot.append(value)  # not "UNSIGNED-PAYLOAD" / "STREAMING-..." placeholders
-
-
-class _KeyLocks:
-    """Process-wide asyncio locks per (endpoint, bucket, key), dropped when unused.
-
-    Why it exists: S3 makes `If-None-Match: *` atomic, but moto (5.2.5, used in tests and the
-    bench) checks it and then writes without a lock in a threaded server, so two concurrent
-    create-only writes of one key can both succeed (reliably so for multipart uploads). Within
-    one process we can make it exact, and it also saves the loser a wasted upload.
-    """
-
-    def __init__(self) -> None:
-        self._locks: dict[tuple[Any, ...], tuple[asyncio.Lock, int]] = {}
-
-    @asynccontextmanager
-    async def hold(self, name: tuple[Any, ...]) -> AsyncIterator[None]:
-        # Locks belong to one event loop; key by loop so separate loops never share one.
-        full = (id(asyncio.get_running_loop()), *name)
-        lock, users = self._locks.get(full, (None, 0))
-        if lock is None:
-            lock = asyncio.Lock()
-        self._locks[full] = (lock, users + 1)
-        try:
-            async with lock:
-                yield
-        finally:
-            lock, users = self._locks[full]
-            if users <= 1:
-                del self._locks[full]
-            else:
-                self._locks[full] = (lock, users - 1)
-
-
-_put_new_locks = _KeyLocks()
 
 
 class S3Bucket(Bucket):
@@ -246,7 +172,7 @@ class S3Bucket(Bucket):
                     except BaseException:
                         await stack.aclose()
                         raise
-                    client.meta.events.register("before-send.s3.PutObject", _capture_payload_sha256)
+                    client.meta.events.register("before-send.s3.PutObject", capture_payload_sha256)
                     self._stack, self._client = stack, client
         return self._client
 
@@ -261,8 +187,8 @@ class S3Bucket(Bucket):
         uri = self.url(key) if key is not None else self.url_root()
         if isinstance(e, ClientError):
             msg = e.response.get("Error", {}).get("Message", "")
-            detail = f"{op}: {_code(e)} (HTTP {_status(e)}) {msg}".rstrip()
-            if _is_not_found(e):
+            detail = f"{op}: {error_code(e)} (HTTP {http_status(e)}) {msg}".rstrip()
+            if is_not_found(e):
                 return ObjectNotFound(detail, key=key, uri=uri)
             return BucketError(detail, key=key, uri=uri)
         return BucketError(f"{op}: {type(e).__name__}: {e}", key=key, uri=uri)
@@ -272,7 +198,7 @@ class S3Bucket(Bucket):
         try:
             return await call()
         except ClientError as e:
-            if _code(e) not in _NO_BUCKET_CODES:
+            if error_code(e) not in NO_BUCKET_CODES:
                 raise
         await self.ensure()
         return await call()
@@ -285,11 +211,11 @@ class S3Bucket(Bucket):
             await s3.head_bucket(Bucket=self.name)
             return
         except ClientError as e:
-            if _status(e) == 403:
+            if http_status(e) == 403:
                 # Object-level credentials often lack s3:ListBucket; the bucket exists (or
                 # writes will say otherwise), and we could not create it anyway.
                 return
-            if not _is_not_found(e):
+            if not is_not_found(e):
                 raise self._error(e, None, "HeadBucket") from e
         except _TRANSPORT_ERRORS as e:
             raise self._error(e, None, "HeadBucket") from e
@@ -300,9 +226,9 @@ class S3Bucket(Bucket):
             await s3.create_bucket(Bucket=self.name, **kwargs)
         except ClientError as e:
             # Another process created it between our HEAD and CREATE: fine.
-            if _code(e) not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+            if error_code(e) not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
                 raise self._error(e, None, "CreateBucket") from e
-            if _code(e) == "BucketAlreadyExists":
+            if error_code(e) == "BucketAlreadyExists":
                 try:
                     await s3.head_bucket(Bucket=self.name)
                 except ClientError as e2:
@@ -320,14 +246,14 @@ class S3Bucket(Bucket):
         # Writers of one key inside this process take turns, so the loser gets a clean 412
         # without racing the winner's upload. Across processes the store's If-None-Match is
         # the guarantee (atomic on AWS S3 and MinIO; moto checks it non-atomically, see
-        # _KeyLocks).
-        async with _put_new_locks.hold((self._endpoint_url, self.name, self._full(key))):
+        # s3_protocol.KeyLocks).
+        async with put_new_locks.hold((self._endpoint_url, self.name, self._full(key))):
             return await self._put(key, bytes(data), create_only=True)
 
     async def _put(self, key: str, data: bytes, *, create_only: bool) -> str:
         if len(data) < self.multipart_threshold:
             signed = await self._put_single(key, data, create_only)
-            # SigV4 already hashed these exact bytes (see _capture_payload_sha256); hashing
+            # SigV4 already hashed these exact bytes (see capture_payload_sha256); hashing
             # them a second time would double the CPU cost of a put. Without a signed payload
             # (an unusual config), hash here.
             return signed or await sha256_hex_async(data)
@@ -352,11 +278,11 @@ class S3Bucket(Bucket):
         if create_only:
             kwargs["IfNoneMatch"] = "*"
         slot: list[str] = []
-        token = _signed_payload.set(slot)
+        token = signed_payload.set(slot)
         try:
             await self._put_object(key, data, kwargs, create_only, s3)
         finally:
-            _signed_payload.reset(token)
+            signed_payload.reset(token)
         # Every attempt (botocore retries included) signed the same bytes: any entry will do.
         return slot[-1] if slot else None
 
@@ -372,15 +298,15 @@ class S3Bucket(Bucket):
         """The request that makes an object visible (PutObject, CompleteMultipartUpload): a
         transient 409 on a create-only write is retried; a 412, or a 409 that persists, means the
         key exists (or holds our own earlier attempt)."""
-        for attempt in range(_CONFLICT_RETRIES + 1):
+        for attempt in range(CONFLICT_RETRIES + 1):
             try:
                 await call()
                 return
             except ClientError as e:
-                if create_only and _is_conflict(e) and attempt < _CONFLICT_RETRIES:
+                if create_only and is_conflict(e) and attempt < CONFLICT_RETRIES:
                     await asyncio.sleep(0.05 * 2**attempt)
                     continue
-                if create_only and (_is_precondition(e) or _is_conflict(e)):
+                if create_only and (is_precondition(e) or is_conflict(e)):
                     await self._raise_exists(key, data, e)
                     return  # an echo of our own earlier attempt: it is stored
                 raise self._error(e, key, op) from e
@@ -391,7 +317,7 @@ class S3Bucket(Bucket):
         """Raise ObjectExists for a failed create-only write, unless the failure is an echo
         of our own success: botocore retried the request (the first attempt reached the
         store but its answer was lost), and the stored bytes are exactly ours."""
-        if _retried(e):
+        if was_retried(e):
             try:
                 stored = await self.get(key)
             except BucketError:
@@ -556,7 +482,7 @@ class S3Bucket(Bucket):
             await s3.head_object(Bucket=self.name, Key=self._full(check_key(key)))
             return True
         except ClientError as e:
-            if _is_not_found(e):
+            if is_not_found(e):
                 return False
             raise self._error(e, key, "HeadObject") from e
         except _TRANSPORT_ERRORS as e:
@@ -574,7 +500,7 @@ class S3Bucket(Bucket):
             ):
                 keys.extend(obj["Key"][len(root) :] for obj in page.get("Contents", ()))
         except ClientError as e:
-            if _code(e) in _NO_BUCKET_CODES:
+            if error_code(e) in NO_BUCKET_CODES:
                 return []  # nothing was ever written
             raise self._error(e, None, f"ListObjectsV2 {prefix!r}") from e
         except _TRANSPORT_ERRORS as e:
@@ -587,7 +513,7 @@ class S3Bucket(Bucket):
         try:
             await s3.delete_object(Bucket=self.name, Key=self._full(check_key(key)))
         except ClientError as e:
-            if _is_not_found(e):
+            if is_not_found(e):
                 return
             raise self._error(e, key, "DeleteObject") from e
         except _TRANSPORT_ERRORS as e:
