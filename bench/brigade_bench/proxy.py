@@ -317,23 +317,22 @@ def _longest_slow_stretch_s(latency_ms: list[float], ends: list[float], limit_ms
 async def _machine_windows() -> AsyncIterator[dict[int, tuple[float, float]]]:
     """While inside: window number -> (busy, stolen) share of the machine's cores in that WINDOW_S
     window, read from /proc/stat by a task of this event loop (empty where there is no /proc)."""
-    from brigade_bench.system import machine_ticks
+    from brigade_bench.system import machine_ticks, shares
 
-    shares: dict[int, tuple[float, float]] = {}
+    windows: dict[int, tuple[float, float]] = {}
 
     async def sample() -> None:
         at, before = time.time(), machine_ticks()
         while True:
             await asyncio.sleep(WINDOW_S)
             now, after = time.time(), machine_ticks()
-            if before is not None and after is not None and after.total > before.total:
-                ticks = after.total - before.total
-                shares[int(at / WINDOW_S)] = ((after.busy - before.busy) / ticks, (after.steal - before.steal) / ticks)
+            if (during := shares(before, after)) is not None:
+                windows[int(at / WINDOW_S)] = during
             at, before = now, after
 
     task = asyncio.create_task(sample())
     try:
-        yield shares
+        yield windows
     finally:
         task.cancel()
 
@@ -347,7 +346,8 @@ def _machine_during(windows: dict[int, tuple[float, float]], latency_ms: list[fl
         return {}
     first, last = int(min(starts) / WINDOW_S), int(max(ends) / WINDOW_S)
     timed = {w: v for w, v in windows.items() if first <= w <= last}
-    slow = [v for w, v in timed.items() if w in _slow_windows(latency_ms, ends, limit_ms)]
+    slow_windows = _slow_windows(latency_ms, ends, limit_ms)
+    slow = [v for w, v in timed.items() if w in slow_windows]
 
     def mean(rows: list[tuple[float, float]], i: int) -> float:
         return round(statistics.fmean(r[i] for r in rows), 3) if rows else float("nan")

@@ -32,7 +32,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from brigade_bench.system import machine_ticks, steal_share
+from brigade_bench.system import machine_ticks, shares
 
 # figure names, by the end of the name (or the whole name), whose larger value is better; the
 # rest of the numeric names that end like LOWER are better small. Booleans are better true.
@@ -212,9 +212,9 @@ def run_repeated(name: str, quick: bool, repeat: int, out_dir: Path | None = Non
         except Exception as e:  # noqa: BLE001 - recorded as the run's result, its traceback on stderr
             traceback.print_exc()
             result = {"error": f"{type(e).__name__}: {e}"[:2000]}
-        steal = steal_share(ticks0, machine_ticks())
+        during = shares(ticks0, machine_ticks())
         runs.append({"result": result, "seconds": round(time.monotonic() - t0, 1), "load_before": before,
-                     "load_after": loadavg(), **speed, "steal_pct": None if steal is None else round(100 * steal, 1)})
+                     "load_after": loadavg(), **speed, "steal_pct": None if during is None else round(100 * during[1], 1)})
         if repeat > 1:
             print(json.dumps(result), file=sys.stderr, flush=True)
     return runs

@@ -126,12 +126,14 @@ def machine_ticks() -> Ticks | None:
     return Ticks(sum(ticks) - idle, ticks[7], sum(ticks))
 
 
-def steal_share(before: Ticks | None, after: Ticks | None) -> float | None:
-    """The share of the machine's core time the hypervisor took between two readings (None: unknown).
-    A VM's neighbours are invisible to its load average; this is where they show."""
+def shares(before: Ticks | None, after: Ticks | None) -> tuple[float, float] | None:
+    """(busy, stolen) share of the machine's core time between two readings; None when unknown or
+    no tick passed. Steal is the hypervisor running other machines while this one wanted the core:
+    a VM's neighbours, invisible to its load average, show here."""
     if before is None or after is None or after.total <= before.total:
         return None
-    return (after.steal - before.steal) / (after.total - before.total)
+    ticks = after.total - before.total
+    return (after.busy - before.busy) / ticks, (after.steal - before.steal) / ticks
 
 
 def percentile(values: Iterable[float], q: float) -> float:

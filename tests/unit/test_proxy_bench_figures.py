@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from brigade_bench.proxy import _longest_slow_stretch_s, _machine_during
-from brigade_bench.system import Ticks, machine_ticks, steal_share
+from brigade_bench.system import Ticks, machine_ticks, shares
 
 
 def test_slow_stretch_counts_consecutive_windows_by_call_start():
@@ -32,9 +32,9 @@ def test_machine_during_splits_the_timed_windows_by_slow_calls():
     assert _machine_during(windows, [], [], 25.0) == {}
 
 
-def test_steal_share_is_the_stolen_part_of_the_ticks_between_two_readings():
+def test_shares_are_the_busy_and_stolen_parts_of_the_ticks_between_two_readings():
     before, after = Ticks(busy=100, steal=10, total=400), Ticks(busy=180, steal=30, total=600)
-    assert steal_share(before, after) == 0.1
-    assert steal_share(before, None) is None and steal_share(after, before) is None  # no time passed
+    assert shares(before, after) == (0.4, 0.1)
+    assert shares(before, None) is None and shares(after, before) is None  # no time passed
     now = machine_ticks()
     assert now is not None and 0 <= now.steal <= now.busy <= now.total   # this machine's own /proc/stat
