@@ -27,6 +27,11 @@ proxy_cpu_ms_per_cycle, proxy_cores
                      that process's CPU (all its threads) per cycle and in cores at 1000 cycles/s:
                      what it needs of a machine whose other jobs set the p99
 light_acquire_*      200 cycles/s (64 workers, one cycle each every 320 ms), one process
+floor_*              the one-call phase again, the same clients and rate, against a gRPC server that
+                     parses each call and answers a fixed lease (brigade_bench.floor_server: no Redis,
+                     no checks, no interceptors), started right after it: floor_one_call_p99_ms is
+                     the p99 this machine gives any Python gRPC server that minute, floor_cpu_ms_per_cycle
+                     gRPC's own CPU per call, floor_machine_busy/steal the machine meanwhile
 processes_*          1000 cycles/s and the closed loop again through `brigade proxy --processes 2`
                      (one port, SO_REUSEPORT), with the processes' CPU per cycle; one_call_processes_*
                      the worker's one-call cycle at 1000 cycles/s through them
@@ -356,7 +361,7 @@ def _machine_during(windows: dict[int, tuple[float, float]], latency_ms: list[fl
     return {"busy": mean(rows, 0), "steal": mean(rows, 1), "slow_busy": mean(slow, 0), "slow_steal": mean(slow, 1)}
 
 
-async def _phase_with_cpu(pid: int, redis_pid: int, *phase_args, **phase_kwargs) -> tuple[dict, dict]:
+async def _phase_with_cpu(pid: int, redis_pid: int | None, *phase_args, **phase_kwargs) -> tuple[dict, dict]:
     """A `_phase`, and who else used the machine during it: the CPU seconds of the proxy (process
     `pid` and its children) and of Redis (NaN where /proc cannot tell), and the machine's busy and
     stolen share in each window (`_machine_windows`). The clients' own is in the phase's result."""
@@ -379,6 +384,23 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait(10)
     except subprocess.TimeoutExpired:
         proc.kill()
+
+
+async def _floor_phase(client_processes: int, cycles: int, rate: float, warmup: int) -> tuple[dict, dict]:
+    """The one-call phase at `rate` against `brigade_bench.floor_server` (gRPC alone, no work)."""
+    from brigade_cli.devservers import free_port, wait_for_port
+
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "brigade_bench.floor_server", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    target = f"127.0.0.1:{port}"
+    try:
+        wait_for_port(port, timeout=30, proc=server)
+        await _proxy_clients(target, "bench-proxy", CONCURRENCY, min(warmup, cycles), "warm", one_call=True)
+        return await _phase_with_cpu(server.pid, None, target, "bench-proxy", client_processes, cycles, rate,
+                                     one_call=True)
+    finally:
+        _stop(server)
 
 
 async def _saturated_without_pipelining(redis_url: str, processes: int, cycles: int, warmup: int) -> dict:
@@ -427,6 +449,8 @@ async def run(quick: bool = False, client_processes: int = 2, paced_rate: float 
                                                            paced_cycles, paced_rate, one_call=True)
             finally:
                 _stop(proxy)
+            # the same clients and rate against a server that does no work, right after: this minute's floor
+            floor, floor_cpu = await _floor_phase(client_processes, paced_cycles, paced_rate, warmup)
             # `--processes N` on one port, the same run
             port = free_port()
             proxy = _start_proxy(redis.url, port, processes=processes)
@@ -474,6 +498,13 @@ async def run(quick: bool = False, client_processes: int = 2, paced_rate: float 
         "one_call_over_target_share": round(sum(x > TARGET_P99_MS for x in one_paced["acquire"])
                                             / max(1, one_paced["cycles"]), 4),
         "one_call_slow_stretch_s": _longest_slow_stretch_s(one_paced["acquire"], one_paced["ends"], TARGET_P99_MS),
+        # the same clients and rate against a gRPC server that does no work (`brigade_bench.floor_server`)
+        "floor_one_call_p50_ms": round(statistics.median(floor["acquire"]), 3),
+        "floor_one_call_p99_ms": round(_percentile(floor["acquire"], 0.99), 3),
+        "floor_cpu_ms_per_cycle": round(1000 * floor_cpu["proxy"] / max(1, floor["cycles"]), 3),
+        "floor_clients_cpu_ms_per_cycle": round(1000 * floor["clients_cpu_s"] / max(1, floor["cycles"]), 3),
+        **{f"floor_machine_{k}": v for k, v in _machine_during(floor_cpu["windows"], floor["acquire"], floor["ends"],
+                                                               TARGET_P99_MS).items()},
         # the same through `--processes N`, and its closed loop
         "processes_acquire_p50_ms": round(statistics.median(several_paced["acquire"]), 3),
         "processes_acquire_p99_ms": round(_percentile(several_paced["acquire"], 0.99), 3),
@@ -492,7 +523,7 @@ async def run(quick: bool = False, client_processes: int = 2, paced_rate: float 
         "raw_acquire_p99_ms": round(_percentile(raw["acquire_ms"], 0.99), 3),
         "cycle_ratio": round(raw_rate / ours, 3),
         "cycles": sum(p["cycles"] for p in (saturated, paced, light, one_saturated, one_paced, several_paced, several,
-                                            several_one)),
+                                            several_one)),  # through a proxy (the floor's are not)
         "denied": sum(p["denied"] for p in (saturated, paced, light, one_saturated, one_paced, several_paced, several,
                                             several_one, plain)),
         "concurrency": CONCURRENCY,

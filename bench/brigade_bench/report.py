@@ -61,6 +61,14 @@ def _f(key: str, fmt: str = "{:.3g}", scale: float = 1.0) -> Callable[[dict], st
     return lambda r: fmt.format(r[key] * scale)
 
 
+def _with_floor(key: str, floor: str) -> Callable[[dict], str]:
+    """A latency, and the floor measured beside it in the same run (results from before the floor: alone)."""
+    def shown(r: dict) -> str:
+        text = f"{r[key]:.1f} ms"
+        return text + f", floor {r[floor]:.1f} ms" if floor in r else text
+    return shown
+
+
 def _pct(key: str) -> Callable[[dict], str]:
     return lambda r: f"{100 * r[key]:.1f} %"
 
@@ -92,8 +100,9 @@ TARGETS: list[Target] = [
     Target("proxy", "lease cycles per second, one call a cycle (closed loop)", _f("one_call_cycles_per_s", "{:.0f}"),
            lambda r: f">= {r['target_cycles_per_s']}", _key("one_call_cycles_per_s"), _key("target_cycles_per_s"),
            higher=True),
-    Target("proxy", "CompleteLease-with-next p99 at 1000 cycles/s (one call a cycle), one process",
-           _f("one_call_p99_ms", "{:.1f} ms"), lambda r: f"<= {r['target_acquire_p99_ms']} ms",
+    Target("proxy", "CompleteLease-with-next p99 at 1000 cycles/s (one call a cycle), one process; beside it, "
+           "the same clients' p99 against a gRPC server that does no work, that minute",
+           _with_floor("one_call_p99_ms", "floor_one_call_p99_ms"), lambda r: f"<= {r['target_acquire_p99_ms']} ms",
            _key("one_call_p99_ms"), _key("target_acquire_p99_ms")),
     Target("proxy", "CompleteLease-with-next p99 at 1000 cycles/s (one call a cycle), `--processes 2`",
            _f("one_call_processes_p99_ms", "{:.1f} ms"), lambda r: f"<= {r['target_acquire_p99_ms']} ms",

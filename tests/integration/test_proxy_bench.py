@@ -1,5 +1,5 @@
 """Smoke test of `brigade bench proxy`: a tiny run end to end (separate proxy processes with and
-without pipelining, client processes, the raw redis-py baseline). The speed targets are read from
+without pipelining, client processes, the do-nothing gRPC floor, the raw redis-py baseline). The speed targets are read from
 the full benchmark's figures, not asserted here: a shared 2-core machine is too noisy for that."""
 
 from __future__ import annotations
@@ -30,4 +30,7 @@ async def test_bench_proxy_smoke():
     # Redis (read in 10 ms ticks: a 120-cycle phase may round to none); the machine's shares are shares
     assert out["one_call_clients_cpu_ms_per_cycle"] > 0 and out["one_call_redis_cpu_ms_per_cycle"] >= 0
     assert 0 < out["one_call_machine_busy"] <= 1 and 0 <= out["one_call_machine_steal"] <= out["one_call_machine_busy"]
+    # the floor: the same one-call phase against a gRPC server that does no work, its own process
+    assert out["floor_one_call_p99_ms"] >= out["floor_one_call_p50_ms"] > 0 and out["floor_cpu_ms_per_cycle"] >= 0
+    assert out["floor_clients_cpu_ms_per_cycle"] > 0 and 0 < out["floor_machine_busy"] <= 1
     json.dumps(out)

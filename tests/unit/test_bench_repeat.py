@@ -94,3 +94,17 @@ def test_strict_and_inclusive_bounds(strict, value, ok):
     t = report.Target("b", "w", report._const(""), report._const(""), lambda r: r["v"], report._num(0.10 if strict else 1.10),
                       strict=strict)
     assert t.check({"v": value}) is ok
+
+
+def test_the_proxy_p99_is_shown_with_the_floor_of_its_own_run():
+    runs = _runs({"one_call_p99_ms": 12.0, "floor_one_call_p99_ms": 2.5, "target_acquire_p99_ms": 25.0},
+                 {"one_call_p99_ms": 40.0, "floor_one_call_p99_ms": 31.0, "target_acquire_p99_ms": 25.0},
+                 {"one_call_p99_ms": 9.0, "target_acquire_p99_ms": 25.0})  # from before the floor was measured
+    def row_of(runs: list[dict]) -> report.Row:
+        return next(r for r in report.evaluate({"proxy": runs}) if "one process" in r.what)
+
+    row = row_of(runs)
+    # judged on the proxy's figure alone; the floor beside it is the worst run's own, not the median's
+    assert row.status == "miss" and row.worst_run.startswith("run 2")
+    assert row.measured.startswith("40.0 ms, floor 31.0 ms (median 12.0 ms, floor ")
+    assert row_of(runs[2:]).measured == "9.0 ms"
