@@ -106,8 +106,9 @@ async def test_round_trip_is_exact(model_dir, request, backend):
 async def test_incomplete_and_damaged_checkpoints_are_ignored(model_dir, file_bucket_url):
     spec = tiny_spec(model_dir)
     t = trained(spec, steps=1)
+    acked = PendingAck(["1-0"], ["tiny:0:0"], [])
     async with open_bucket(file_bucket_url) as bucket:
-        await checkpoint.save(bucket, "tiny", 1, checkpoint.encode(t, LearnerState(step=1, version=1)))
+        await checkpoint.save(bucket, "tiny", 1, checkpoint.encode(t, LearnerState(step=1, version=1, ack=acked)))
         # step 2: files but no manifest (a crash before the last write)
         files = checkpoint.encode(t, LearnerState(step=2, version=2))
         for name in list(files)[:3]:
@@ -118,6 +119,11 @@ async def test_incomplete_and_damaged_checkpoints_are_ignored(model_dir, file_bu
         assert await checkpoint.steps(bucket, "tiny") == [1, 2, 3]
         step, files = await checkpoint.latest(bucket, "tiny")
         assert step == 1
+        # the ack a commit sent, read back alone: only from a complete checkpoint whose state.json is intact
+        assert await checkpoint.read_ack(bucket, "tiny", 1) == acked
+        assert await checkpoint.read_ack(bucket, "tiny", 2) is None and await checkpoint.read_ack(bucket, "tiny", 9) is None
+        await bucket.put(keys.checkpoint_prefix("tiny", 3) + checkpoint.STATE, b'{"ack": {}}')
+        assert await checkpoint.read_ack(bucket, "tiny", 3) is None
         # saving step 2 for real replaces the partial files, and then it is the newest complete one
         await checkpoint.save(bucket, "tiny", 2, checkpoint.encode(t, LearnerState(step=2, version=2)))
         assert (await checkpoint.latest(bucket, "tiny"))[0] == 2

@@ -27,7 +27,7 @@ import torch
 import yaml
 
 from brigade import adapters, keys
-from brigade.bucket import open_bucket
+from brigade.bucket import ObjectExists, open_bucket, sha256_hex
 from brigade.rollout_format import from_bytes
 from brigade.rpc import ProxyClient
 from brigade.spec_file import build_spec
@@ -131,7 +131,11 @@ async def drive_workers(addr: str, bucket_url: str, run: str, model_dir: Path, s
                              eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
             data = b"\x80\x04not a rollout" if completed == HOSTILE else r.to_bytes()
             key = keys.rollout_key(run, lease.batch.batch_id, lease.attempt)
-            sha = await bucket.put_new(key, data)
+            try:
+                sha = await bucket.put_new(key, data)
+            except ObjectExists:  # generated before Redis lost the grant: what the key holds stands (as a worker's)
+                data = await bucket.get(key)
+                sha = sha256_hex(data)
             manifest = pb.RolloutManifest(
                 run_id=run, batch_id=lease.batch.batch_id, attempt=lease.attempt, worker_id="driver",
                 policy_version=version, uri=key, sha256=sha, size_bytes=len(data), num_samples=r.num_samples,
@@ -370,6 +374,26 @@ async def test_redis_restart_between_delivery_and_reply_strands_no_batch(tmp_pat
         redis_server.stop()
 
 
+async def train_with_driver(redis_url: str, bucket_url: str, run: str, model_dir: Path, spec_path: Path,
+                            gate: asyncio.Event, parked: asyncio.Event) -> None:
+    """The proxy in this process, `drive_workers` as the fleet, the learner until it finishes."""
+    from brigade_learner.learner import LearnerConfig, serve
+    from brigade_proxy.server import start_server
+
+    server = await start_server(redis_url, "127.0.0.1:0", bucket_url=bucket_url)
+    addr = f"127.0.0.1:{server.port}"
+    stop = asyncio.Event()
+    driver = asyncio.create_task(drive_workers(addr, bucket_url, run, model_dir, stop, gate, parked))
+    try:
+        await asyncio.wait_for(serve(LearnerConfig(proxy=addr, bucket=bucket_url, run=run,
+                                                   spec_path=str(spec_path), pull_wait_ms=200)), 120)
+    finally:
+        stop.set()
+        gate.set()
+        driver.cancel()
+        await server.stop(0)
+
+
 async def test_learner_repairs_redis_that_lost_its_last_writes(tmp_path, file_bucket_url, monkeypatch):
     """Redis is SIGKILLed right after the learner's step-2 commit and comes back from an append-only
     file cut back to before it (a host crash under appendfsync everysec): v2's publish and the
@@ -377,8 +401,7 @@ async def test_learner_repairs_redis_that_lost_its_last_writes(tmp_path, file_bu
     bucket and re-sends the ack; Redis ends equal to the checkpoint, with no hole in its versions."""
     from chaos_support import aof_tail_file
 
-    from brigade_learner.learner import Learner, LearnerConfig, serve
-    from brigade_proxy.server import start_server
+    from brigade_learner.learner import Learner
 
     redis_dir = tmp_path / "redis"
     redis_server = start_redis(redis_dir, appendonly=True)
@@ -404,15 +427,10 @@ async def test_learner_repairs_redis_that_lost_its_last_writes(tmp_path, file_bu
         gate.set()
 
     monkeypatch.setattr(Learner, "_commit", commit_then_lose_it)
-    server = await start_server(redis_server.url, "127.0.0.1:0", bucket_url=file_bucket_url)
-    addr = f"127.0.0.1:{server.port}"
-    stop = asyncio.Event()
-    driver = asyncio.create_task(drive_workers(addr, file_bucket_url, run, model_dir, stop, gate, parked))
     r = aioredis.from_url(redis_server.url)
     k = keys.RunKeys(run)
     try:
-        await asyncio.wait_for(serve(LearnerConfig(proxy=addr, bucket=file_bucket_url, run=run,
-                                                   spec_path=str(spec_path), pull_wait_ms=200)), 120)
+        await train_with_driver(redis_server.url, file_bucket_url, run, model_dir, spec_path, gate, parked)
         async with open_bucket(file_bucket_url) as bucket:
             _, files = await checkpoint.latest(bucket, run)
         state = json.loads(files[checkpoint.STATE])
@@ -423,20 +441,81 @@ async def test_learner_repairs_redis_that_lost_its_last_writes(tmp_path, file_bu
         assert sorted(int(f[b"step"]) for _, f in await r.xrange(k.metrics)) == [1, 2, 3, 4]
         assert (await r.xpending(k.rollouts, keys.LEARNER_GROUP))["pending"] <= 1  # a prefetched one at most
     finally:
-        stop.set()
+        await r.aclose()
+        redis_server.stop()
+
+
+async def test_learner_repairs_two_lost_commits_with_the_batches_they_trained(tmp_path, file_bucket_url, monkeypatch):
+    """The lost second holds two commits (steps 2 and 3), the completion of the batch step 2 trained
+    (its lease Redis then holds as live for another minute) and the cuts of the batches after it
+    (Redis's cursor is back before them). The learner's repair acks each commit again with the
+    batches its checkpoint recorded, which recovers them (BatchRecovered) unless they were cut again
+    and came back as duplicates first: none waits for a lease to expire, and Redis ends agreeing
+    with the checkpoint though the run ends one step after the repair."""
+    from chaos_support import aof_tail_file
+
+    from brigade.store.leases import Leases
+    from brigade_learner.learner import Learner
+
+    redis_dir = tmp_path / "redis"
+    redis_server = start_redis(redis_dir, appendonly=True)
+    run = f"lost2-{os.getpid()}-{int(time.time())}"
+    model_dir = tiny_model(tmp_path / "model", heads=4, tied=True, eos_boost=1.0)
+    spec_path = write_spec(tmp_path, run, model_dir, max_steps=4)
+    r = aioredis.from_url(redis_server.url)
+    k = keys.RunKeys(run)
+    complete, commit, completions, cut_at = Leases.complete, Learner._commit, [], []
+    gate, parked = asyncio.Event(), asyncio.Event()
+    gate.set()
+
+    async def complete_second_after_step_1(self, run_id, lease_id, worker, manifest):
+        completions.append(manifest.batch_id)
+        if len(completions) == 2:  # the batch step 2 trains: its completion falls in the lost second
+            while int(await r.get(k.learner_step) or 0) < 1:
+                await asyncio.sleep(0.05)
+            cut_at.append(aof_tail_file(redis_dir).stat().st_size)
+        return await complete(self, run_id, lease_id, worker, manifest)
+
+    async def commit_then_lose_two(self, step):
+        if step != 3:
+            return await commit(self, step)
+        gate.clear()  # the driver's lease in flight ends before the crash (its lost lease would stop it)
+        await parked.wait()
+        await commit(self, step)
+        redis_server.kill()
+        with aof_tail_file(redis_dir).open("r+b") as f:
+            f.truncate(cut_at[0])
+        await asyncio.to_thread(redis_server.restart)
         gate.set()
-        driver.cancel()
-        await server.stop(0)
+
+    monkeypatch.setattr(Leases, "complete", complete_second_after_step_1)
+    monkeypatch.setattr(Learner, "_commit", commit_then_lose_two)
+    try:
+        await train_with_driver(redis_server.url, file_bucket_url, run, model_dir, spec_path, gate, parked)
+        async with open_bucket(file_bucket_url) as bucket:
+            _, files = await checkpoint.latest(bucket, run)
+            step_3 = await checkpoint.read_ack(bucket, run, 3)
+        state = json.loads(files[checkpoint.STATE])
+        await r.aclose()  # its connection died with the Redis it was opened on
+        r = aioredis.from_url(redis_server.url)
+        assert {b.decode() for b in await r.smembers(k.consumed)} == set(state["consumed"])
+        recovered = {f[b"batch"].decode(): f[b"lost"].decode()
+                     for _, f in await r.xrange(k.events) if f.get(b"type") == b"BatchRecovered"}
+        assert recovered[completions[1]] == "completion"
+        # step 3's batch: recovered, or cut again and acked as a duplicate first (whichever came first)
+        assert all(recovered.get(b) == "cut" or completions.count(b) == 2 for b in step_3.consumed)
+        assert int(await r.get(k.learner_step)) == 4 and int(await r.get(k.adapter_latest)) == 4
+        assert sorted(int(f[b"step"]) for _, f in await r.xrange(k.metrics)) == [1, 2, 3, 4]
+    finally:
         await r.aclose()
         redis_server.stop()
 
 
 async def test_an_ack_naming_a_batch_redis_lost_still_lands(redis_url):
-    """The learner trained a batch whose completion Redis then lost, along with the batch's cut (so it
-    is not outstanding work either): an ack naming it consumed is refused (never completed). The rest
-    of that ack must still land (deliveries, step, metrics, the other batches' fates); the lost batch
-    gets its fate when it is cut again and its copy comes back. (A batch Redis still holds as work is
-    recovered by the ack itself: test_store.py.)"""
+    """An ack names a batch id Redis cannot place: not outstanding work, and no lost cut either (the
+    run has 5 batches an epoch; test_store.py has the ids an ack recovers). It is refused (never
+    completed); the rest of that ack must still land (deliveries, step, metrics, the other batches'
+    fates)."""
     from proxy_support import make_prompts, make_spec, new_run_id
 
     from brigade.store import Store
@@ -457,7 +536,7 @@ async def test_an_ack_naming_a_batch_redis_lost_still_lands(redis_url):
     learner.cfg = LearnerConfig(proxy=f"127.0.0.1:{server.port}", bucket="", run=run)
     learner.run_id, learner.client = run, ProxyClient.connect(learner.cfg.proxy)
     try:
-        lost = keys.batch_id(run, 0, 9)  # never completed, as far as Redis knows
+        lost = keys.batch_id(run, 0, 9)  # index 9 of an epoch of 5: no batch of this run
         await learner._ack([delivery], [batch, lost], [], 1, '{"step": 1}')
         state = await store.views.run_state(run)
         assert (state.learner_step, state.consumed, state.completed) == (1, 1, 0)

@@ -284,7 +284,7 @@ async def test_run_and_learner_refusals(client):
     got, _ = await code_of(client.learner.PullRollouts(pb.PullRolloutsRequest(run_id=run)))
     assert got == grpc.StatusCode.INVALID_ARGUMENT
     got, details = await code_of(client.learner.AckRollouts(pb.AckRolloutsRequest(
-        run_id=run, consumed_batch_ids=[f"{run}:0:0"])))
+        run_id=run, consumed_batch_ids=[f"{run}:999:0"])))  # far past the cursor: no lost cut
     assert got == grpc.StatusCode.INVALID_ARGUMENT and "never completed" in details
     got, _ = await code_of(client.learner.PublishAdapter(pb.PublishAdapterRequest(run_id=run)))
     assert got == grpc.StatusCode.INVALID_ARGUMENT

@@ -316,8 +316,12 @@ async def test_pull_ack_and_redelivery(q):
 
 async def test_ack_refusals(q):
     run = await new_run(q)
-    with pytest.raises(InvalidArgument, match="never completed"):
-        await q.learner.ack(run, "L", [], [f"{run}:0:0"], [], step=1)
+    with pytest.raises(InvalidArgument, match="never completed"):  # no batch of this run (5 a epoch)
+        await q.learner.ack(run, "L", [], [f"{run}:0:5"], [], step=1)
+    with pytest.raises(InvalidArgument, match="never completed"):  # past what a lost cut can be
+        await q.learner.ack(run, "L", [], [f"{run}:999:0"], [], step=1)
+    with pytest.raises(InvalidArgument, match="never completed"):  # a lost cut is a consumed batch's
+        await q.learner.ack(run, "L", [], [], [f"{run}:0:0"], step=1)
     with pytest.raises(InvalidArgument, match="another run"):
         await q.learner.ack(run, "L", [], ["other:0:0"], [], step=1)
     with pytest.raises(InvalidArgument, match="stream entry id"):
@@ -339,7 +343,7 @@ async def test_a_trained_batch_whose_completion_redis_lost_is_recovered_by_the_a
     with pytest.raises(InvalidArgument, match="never completed"):  # a rejected id is not recovered
         await q.learner.ack(run, "L", [], [], [b_queued], step=0)
     with pytest.raises(InvalidArgument, match="never completed"):  # nor one Redis does not hold at all
-        await q.learner.ack(run, "L", [], [b_leased, f"{run}:0:7"], [], step=1)
+        await q.learner.ack(run, "L", [], [b_leased, f"{run}:999:0"], [], step=1)
     assert await q.redis.xlen(k.work) == 2 and await q.redis.scard(k.consumed) == 0  # a refusal changes nothing
 
     await q.learner.ack(run, "L", [], [b_leased, b_queued], [], step=1)
@@ -353,6 +357,30 @@ async def test_a_trained_batch_whose_completion_redis_lost_is_recovered_by_the_a
     assert await q.sweeps.expire_leases(run, min_idle_ms=0) == SweepResult()  # nothing left to requeue
     nxt = await q.leases.acquire(run, "w")
     assert nxt.lease.batch.batch_id not in (b_leased, b_queued) and nxt.lease.attempt == 1
+
+
+async def test_a_trained_batch_whose_cut_redis_lost_is_recovered_and_never_cut_again(q):
+    """A Redis crash lost the cuts of batches the learner then trained (cut, generated and delivered
+    within the lost second): Redis's cursor is behind them. The learner's ack of them as consumed is
+    the record: completed and consumed, and the cursor passes over them instead of cutting them
+    again. Below the cursor, a batch Redis does not hold had another fate: still refused."""
+    run = await new_run(q, staleness={"max_attempts": 1})
+    k = keys.RunKeys(run)
+    first = await q.leases.acquire(run, "w")
+    assert first.lease.batch.batch_id == f"{run}:0:0"
+    await q.learner.ack(run, "L", [], [f"{run}:0:1", f"{run}:0:2"], [], step=2)
+    state = await q.views.run_state(run)
+    assert (state.consumed, state.learner_step) == (2, 2)
+    assert await q.redis.smembers(k.completed) == {f"{run}:0:1".encode(), f"{run}:0:2".encode()}
+    recovered = {e.attrs["batch"]: e.attrs["lost"] for e in await q.views.read_events(run) if e.type == "BatchRecovered"}
+    assert recovered == {f"{run}:0:1": "cut", f"{run}:0:2": "cut"}
+    nxt = await q.leases.acquire(run, "w2")
+    assert nxt.lease.batch.batch_id == f"{run}:0:3" and int(await q.redis.get(k.cursor)) == 4
+    # both leases expire on their one attempt: below the cursor and held nowhere, their fate is known
+    await q.sweeps.expire_leases(run, min_idle_ms=0)
+    assert (await q.views.run_state(run)).deadlettered == 2
+    with pytest.raises(InvalidArgument, match="never completed"):
+        await q.learner.ack(run, "L", [], [f"{run}:0:0"], [], step=3)
 
 
 async def test_metrics_last(q):
@@ -552,8 +580,8 @@ async def test_finished_epochs_are_compacted_and_keep_their_fates(q):
     assert late.duplicate
     await q.learner.ack(run, "L", [], [b0, b1], [], step=1)
     assert (await q.views.run_state(run)).consumed == 1
-    with pytest.raises(InvalidArgument, match="never completed"):
-        await q.learner.ack(run, "L", [], [f"{run}:1:1"], [], step=1)
+    with pytest.raises(InvalidArgument, match="never completed"):  # (beyond what a lost cut can be)
+        await q.learner.ack(run, "L", [], [f"{run}:99:1"], [], step=1)
     # epoch 1 is cut whole, but 1:0 is still leased: not compacted
     await q.leases.acquire(run, "w")
     assert await q.sweeps.compact_epochs(run, keep=0) == 0

@@ -339,6 +339,21 @@ async def _read_checkpoint(bucket: Bucket, folder: str, step: int) -> dict[str, 
         return None
 
 
+async def read_ack(bucket: Bucket, run: str, step: int) -> PendingAck | None:
+    """The ack the commit at `step` sent, from its checkpoint's state.json alone (a few KB, not the
+    tensors); None when that checkpoint is pruned, incomplete or damaged."""
+    folder = keys.checkpoint_prefix(run, step)
+    try:
+        manifest = json.loads(await bucket.get(folder + MANIFEST))
+        doc = json.loads(await bucket.get(folder + STATE, sha256=manifest["files"][STATE]["sha256"]))
+        return PendingAck.from_json(doc["ack"])
+    except ObjectNotFound:
+        return None
+    except (CorruptObject, ValueError, KeyError, TypeError, AttributeError) as e:
+        log.warning("checkpoint_ack_unreadable", step=step, error=str(e)[:300])
+        return None
+
+
 async def latest(bucket: Bucket, run: str) -> tuple[int, dict[str, bytes]] | None:
     """The newest complete checkpoint; incomplete or damaged ones are skipped."""
     for step in reversed(await steps(bucket, run)):

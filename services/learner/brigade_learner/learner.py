@@ -142,11 +142,10 @@ class Learner:
         except grpc.aio.AioRpcError as e:
             if e.code() != grpc.StatusCode.INVALID_ARGUMENT or not (consumed or rejected):
                 raise
-            # a batch id Redis knows neither as completed nor as outstanding work: a forged manifest's,
-            # or one whose completion and cut a Redis crash both lost (its copy is acked as consumed when
-            # it is cut again and comes back as a duplicate). The rest of the ack must still land: each
-            # batch alone, then the deliveries and the step (after the batches: the proxy holds a step
-            # to what the consumed batches make).
+            # a batch id Redis cannot place (ack.lua recovers the completions and cuts a crash lost):
+            # dead-lettered since, or a bug's. The rest of the ack must still land: each batch alone,
+            # then the deliveries and the step (after the batches: the proxy holds a step to what the
+            # consumed batches make).
             log.warning("ack_refused", batch_ids=[*consumed, *rejected][:20], error=e.details())
             for fate in [([b], []) for b in consumed] + [([], [b]) for b in rejected]:
                 try:
@@ -232,9 +231,12 @@ class Learner:
     async def _repair_redis(self, told: Told) -> None:
         """Bring Redis up to `told` where it is behind (a restart that lost its last writes, or a
         commit cut short): publish every version it lacks from the bucket's manifests (create-only
-        objects, the same manifest bytes: a repeat is a no-op), ack the commits after its step with
-        their metrics, the newest with its deliveries and batches. Deliveries of older commits whose
-        acks were lost come back pending: the prefetcher reads them again and acks them as duplicates."""
+        objects, the same manifest bytes: a repeat is a no-op), then ack each commit after its step
+        again, in order, with its metrics and the deliveries and batches its checkpoint recorded. A
+        lost second can hold several commits, and the completions of the batches they trained: ack.lua
+        recovers those only when an ack names them (else they wait to be leased again, and can run out
+        of attempts first). A commit whose checkpoint is pruned is acked with its step alone: its
+        deliveries come back pending and are acked as duplicates when read again."""
         run = await self._run_state()
         if run.latest_version >= told.version and run.learner_step >= told.step:
             return
@@ -245,7 +247,8 @@ class Learner:
         if run.learner_step < told.step:
             for step in await checkpoint.steps(self.bucket, self.run_id):
                 if run.learner_step < step < told.step:
-                    await self._ack([], [], [], step, await self._read_metrics(step))
+                    a = await checkpoint.read_ack(self.bucket, self.run_id, step) or PendingAck()
+                    await self._ack(a.delivery_ids, a.consumed, a.rejected, step, await self._read_metrics(step))
             await self._send_ack(told)
             self.prefetch.repull()
 

@@ -30,6 +30,8 @@ from brigade.v1 import brigade_pb2 as pb
 MAX_BLOCK_MS = 30_000         # long polls (PullRollouts, WatchRun) block at most this long per call
 MAX_PULL = 1_000
 MAX_PULL_CONTRIBUTIONS = 32
+LOST_COMMITS = 16             # a Redis crash loses at most this many learner commits (a second or two of
+                              # writes): what ack.lua lets an ack recover of the batch cuts it lost
 PULL_REPLY_BYTES = 8 << 20    # a PullRollouts reply is at most MAX_PULL manifests of MAX_MANIFEST_BYTES each
 assert MAX_PULL * (MAX_MANIFEST_BYTES + 64) <= PULL_REPLY_BYTES
 assert MAX_PULL_CONTRIBUTIONS * (MAX_CONTRIBUTION_BYTES + 64) <= PULL_REPLY_BYTES
@@ -150,11 +152,12 @@ class Learner:
         check_ack_ids(run, delivery_ids, consumed, rejected)
         # local_sgd: the aggregator acks contributions; their batches take the fates rollouts take
         stream = ri.keys.contributions if ri.spec.topology == "local_sgd" else ri.keys.rollouts
+        per_step, per_commit = max(1, ri.spec.batches_per_step), max(1, ri.spec.checkpoint_every)
         acked, _consumed, _rejected = await self.scripts.ack(
             ri.keys, rollouts=stream, step=step, metrics_json=metrics_json, n_deliveries=len(delivery_ids), n_consumed=len(consumed),
-            learner=learner, batches_per_step=max(1, ri.spec.batches_per_step),
-            max_advance=max(1, ri.spec.checkpoint_every), max_steps=ri.spec.max_steps, metrics_maxlen=METRICS_KEPT,
-            ids=[*delivery_ids, *consumed, *rejected])
+            learner=learner, batches_per_step=per_step, max_advance=per_commit, max_steps=ri.spec.max_steps,
+            metrics_maxlen=METRICS_KEPT, run=run, batches_per_epoch=ri.batches_per_epoch, total_batches=ri.total_batches,
+            lost_cuts=ri.capacity + LOST_COMMITS * per_step * per_commit, ids=[*delivery_ids, *consumed, *rejected])
         return int(acked)
 
     async def publish(self, run: str, manifest: pb.AdapterManifest | None) -> int:

@@ -1,7 +1,8 @@
 -- The learner's checkpoint covers these: ack the deliveries, record consumed / rejected batches,
 -- move the learner step forward, keep the step's metrics.
--- KEYS: rollouts consumed rejected learner_step metrics stats events completed work
--- ARGV: step metrics_json n_deliveries n_consumed learner batches_per_step max_advance max_steps metrics_maxlen ids...
+-- KEYS: rollouts consumed rejected learner_step metrics stats events completed work cursor
+-- ARGV: step metrics_json n_deliveries n_consumed learner batches_per_step max_advance max_steps metrics_maxlen
+-- ARGV: run batches_per_epoch total_batches lost_cuts ids...
 -- FLAGS: allow-oom
 -- Reply: {'ok', acked, consumed, rejected} | {'err', kind, message}
 -- ids: n_deliveries delivery ids, then n_consumed consumed batch ids, then the rejected batch ids.
@@ -15,6 +16,20 @@
 -- leased again), is one whose completion a Redis crash lost after the learner trained on it: the
 -- learner's checkpoint is the record. It is completed and consumed now, and its work entries are taken
 -- back, so it is neither generated again nor, once its attempts run out, dead-lettered though trained.
+-- One Redis holds nowhere, at or past its cursor, is one whose cut the crash lost too (the learner only
+-- sees batches that were cut, in cursor order): it is completed and consumed now, and acquire.lua passes
+-- over it when the cursor gets there. `lost_cuts` bounds how far past the cursor that can be, so no ack
+-- marks more than that many batches ahead. One below the cursor, and not outstanding, had another fate
+-- (dead-lettered) or is forged: refused.
+local cursor  -- read only when an ack names a batch Redis does not know (after a crash)
+local function lost_cut(batch)
+  local run, epoch, index = string.match(batch, '^(.+):(%d+):(%d+)$')
+  if run ~= A.run or tonumber(index) >= tonumber(A.batches_per_epoch) then return false end
+  cursor = cursor or tonumber(redis.call('GET', K.cursor) or '0')
+  local n = tonumber(epoch) * tonumber(A.batches_per_epoch) + tonumber(index)
+  local total = tonumber(A.total_batches)
+  return n >= cursor and n < cursor + tonumber(A.lost_cuts) and (total == 0 or n < total)
+end
 local ids = A.ids
 local nd, nc = tonumber(A.n_deliveries), tonumber(A.n_consumed)
 local old, outstanding, recovered = {}, nil, {}
@@ -32,10 +47,13 @@ for i = nd + 1, #ids do
         end
       end
     end
-    if i > nd + nc or not outstanding[ids[i]] then
+    if i <= nd + nc and outstanding[ids[i]] then
+      recovered[ids[i]] = outstanding[ids[i]]
+    elseif i <= nd + nc and lost_cut(ids[i]) then
+      recovered[ids[i]] = {}
+    else
       return refuse('invalid', 'batch ' .. ids[i] .. ' was never completed in this run')
     end
-    recovered[ids[i]] = outstanding[ids[i]]
   end
 end
 local step = tonumber(A.step)
@@ -62,7 +80,8 @@ for batch, entries in pairs(recovered) do
     redis.call('XDEL', K.work, id)
   end
   redis.call('SADD', K.completed, batch)
-  event(K.events, 'BatchRecovered', 'batch', batch, 'learner', A.learner)
+  event(K.events, 'BatchRecovered', 'batch', batch, 'lost', #entries > 0 and 'completion' or 'cut',
+        'learner', A.learner)
 end
 local acked = 0
 for i = 1, nd do

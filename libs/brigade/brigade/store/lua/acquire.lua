@@ -1,6 +1,7 @@
 -- Grant a lease: work that came back first, else cut the next batch (admission and the sync
 -- barrier permitting).
 -- KEYS: work rollouts cursor adapter_latest learner_step workers stats events lease_deadlines lease_versions
+-- KEYS: completed
 -- ARGV: worker lease_prefix lease_ms batches_per_epoch total_batches capacity batches_per_step sync
 -- ARGV: max_steps run worker_info lease_ttl_ms max_workers
 -- Reply: {'ok', 'granted', lease id, batch, attempt, version, deadline_ms}
@@ -28,6 +29,13 @@ if r then
   id, batch, attempt = e[1], f['batch'], tonumber(f['attempt'])
 else
   local n = tonumber(redis.call('GET', K.cursor) or '0')
+  local bpe = tonumber(A.batches_per_epoch)
+  local function batch_at(i) return string.format(BATCH_ID_FORMAT, A.run, math.floor(i / bpe), i % bpe) end
+  -- a batch the learner trained though a Redis crash lost its cut is completed already (ack.lua):
+  -- passed over, not cut again (ack.lua bounds how many lie ahead)
+  while redis.call('SISMEMBER', K.completed, batch_at(n)) == 1 do
+    n = n + 1
+  end
   local total = tonumber(A.total_batches)
   local queued = redis.call('XLEN', K.work)
   if total > 0 and n >= total then
@@ -41,8 +49,7 @@ else
     return {'ok', 'sync_barrier', step}
   end
   redis.call('SET', K.cursor, fmt(n + 1))
-  local bpe = tonumber(A.batches_per_epoch)
-  batch = string.format(BATCH_ID_FORMAT, A.run, math.floor(n / bpe), n % bpe)
+  batch = batch_at(n)
   attempt = 1
   redis.call('XADD', K.work, '*', 'batch', batch, 'attempt', '1', 'failures', '0')
   r = redis.call('XREADGROUP', 'GROUP', WORK_GROUP, worker, 'COUNT', 1, 'STREAMS', K.work, '>')
