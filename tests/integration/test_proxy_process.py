@@ -6,6 +6,7 @@ import json
 import os
 import selectors
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -17,7 +18,7 @@ from proxy_support import make_prompts, make_spec, new_run_id
 
 from brigade.v1 import brigade_pb2 as pb
 from brigade.v1 import brigade_pb2_grpc as pbg
-from brigade_cli.devservers import free_port, wait_for_port
+from brigade_cli.devservers import free_port, free_port_run, wait_for_port
 
 
 def test_proxy_process_serves_and_stops_on_sigterm(redis_url, tmp_path):
@@ -65,9 +66,13 @@ def test_proxy_refuses_a_taken_port(redis_url):
         first.wait(10)
 
 
+def _listening(stderr_lines: list[str]) -> list[dict]:
+    return [entry for entry in map(json.loads, filter(lambda s: s.startswith("{"), stderr_lines))
+            if entry.get("event") == "proxy listening"]
+
+
 def _listening_pids(stderr_lines: list[str]) -> set[int]:
-    return {entry["pid"] for entry in map(json.loads, filter(lambda s: s.startswith("{"), stderr_lines))
-            if entry.get("event") == "proxy listening"}
+    return {entry["pid"] for entry in _listening(stderr_lines)}
 
 
 def _read_until(proc: subprocess.Popen, done, timeout: float = 60) -> list[str]:
@@ -94,7 +99,8 @@ def test_proxy_processes_share_one_port(redis_url):
     """--processes 2: two proxies on one port (SO_REUSEPORT), each serving the connections the kernel
     gives it and its own metrics (P, P+1); SIGTERM stops both cleanly, and a child that dies takes the
     other down with a non-zero exit."""
-    port, metrics = free_port(), free_port()
+    port = free_port_run(3)  # the gRPC port, then the two processes' metrics ports
+    metrics = port + 1
     argv = [sys.executable, "-m", "brigade_proxy", "--listen", f"127.0.0.1:{port}", "--redis-url", redis_url,
             "--bucket", "", "--processes", "2", "--metrics-port", str(metrics)]
     env = dict(os.environ, BRIGADE_LOG_FORMAT="json")
@@ -106,9 +112,14 @@ def test_proxy_processes_share_one_port(redis_url):
             assert len(pids) == 2 and proc.pid not in pids, lines
             # a connection each (not gRPC's one shared connection): the kernel spreads them over both
             calls = 40
-            for _ in range(calls):
-                with grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)]) as ch:
-                    pbg.RunServiceStub(ch).ListRuns(pb.ListRunsRequest(), timeout=10)
+            try:
+                for _ in range(calls):
+                    with grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)]) as ch:
+                        pbg.RunServiceStub(ch).ListRuns(pb.ListRunsRequest(), timeout=10)
+            except grpc.RpcError as e:  # what the proxies said is the explanation (SIGTERM: the parent stops them)
+                proc.send_signal(signal.SIGTERM)
+                raise AssertionError(f"{e.code()}: {e.details()}; the proxies logged:\n"
+                                     f"{''.join(lines)}{proc.communicate(timeout=30)[1]}") from e
             served = [_list_runs_served(metrics), _list_runs_served(metrics + 1)]
             assert sum(served) == calls and min(served) > 0, served
             if ending == "sigterm":
@@ -130,3 +141,22 @@ def test_proxy_processes_need_a_port():
     out = subprocess.run([sys.executable, "-m", "brigade_proxy", "--listen", "127.0.0.1:0", "--processes", "2"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "not port 0" in out.stderr
+
+
+def test_proxy_processes_stop_on_a_taken_metrics_port(redis_url):
+    """The second process's metrics port (P+1) is taken: it says which port, never that it listens,
+    and the others stop with it (exit 1, no traceback)."""
+    port = free_port_run(3)
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", port + 2))
+        taken.listen()
+        out = subprocess.run([sys.executable, "-m", "brigade_proxy", "--listen", f"127.0.0.1:{port}",
+                              "--redis-url", redis_url, "--bucket", "", "--processes", "2",
+                              "--metrics-port", str(port + 1)],
+                             env=dict(os.environ, BRIGADE_LOG_FORMAT="json"), capture_output=True, text=True,
+                             timeout=60)
+    assert out.returncode == 1, out.stderr
+    assert f"brigade: cannot serve metrics on 0.0.0.0:{port + 2} (--metrics-port)" in out.stderr
+    assert "Traceback" not in out.stderr
+    listening = _listening(out.stderr.splitlines())
+    assert all(entry["metrics_port"] == port + 1 for entry in listening), listening

@@ -15,8 +15,13 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2
 
 
 def serve_metrics(port: int, addr: str = "0.0.0.0") -> None:
-    """Serve the default registry at http://addr:port/metrics from a daemon thread; port 0 = off."""
+    """Serve the default registry at http://addr:port/metrics from a daemon thread; port 0 = off.
+    A port it cannot take stops the service with one line naming it (SystemExit, status 1): every
+    caller is a service starting up, and a bare "[Errno 98] Address already in use" names no port."""
     if port <= 0:
         return
-    start_http_server(port, addr=addr)
+    try:
+        start_http_server(port, addr=addr)
+    except OSError as e:
+        raise SystemExit(f"brigade: cannot serve metrics on {addr}:{port} (--metrics-port): {e.strerror}") from e
     log.info("metrics_serving", port=port, path="/metrics")

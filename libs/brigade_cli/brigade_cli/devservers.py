@@ -7,6 +7,7 @@ on 6379 and nothing competes with the caller for the GIL.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
@@ -24,18 +25,35 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def free_cluster_port() -> int:
-    """A free port whose cluster bus port (+10000, where the nodes of a Redis Cluster talk) is free too."""
+def _free_ports_at(offsets: tuple[int, ...], low: int, high: int, what: str) -> int:
+    """A random port P in [low, high] with P + each offset free on the loopback."""
     for _ in range(200):
-        port = random.randint(20_000, 55_000)
+        port = random.randint(low, high)
         try:
-            with socket.socket() as a, socket.socket() as b:
-                a.bind(("127.0.0.1", port))
-                b.bind(("127.0.0.1", port + 10_000))
+            with contextlib.ExitStack() as stack:
+                for offset in offsets:
+                    stack.enter_context(socket.socket()).bind(("127.0.0.1", port + offset))
             return port
         except OSError:
             continue
-    raise RuntimeError("no free port pair for a Redis Cluster node")
+    raise RuntimeError(f"no free {what}")
+
+
+def free_cluster_port() -> int:
+    """A free port whose cluster bus port (+10000, where the nodes of a Redis Cluster talk) is free too."""
+    return _free_ports_at((0, 10_000), 20_000, 55_000, "port pair for a Redis Cluster node")
+
+
+def free_port_run(count: int) -> int:
+    """The first of `count` consecutive free ports (`brigade proxy --processes N --metrics-port P`
+    serves P..P+N-1), below the kernel's ephemeral range: a port in that range can be taken between
+    this check and the server's bind by any outgoing connection's local end (connect() favours the
+    odd ports, so P+1 of an even P from bind(0) is exactly where one lands)."""
+    try:
+        ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except OSError:  # not Linux
+        ephemeral_low = 32_768
+    return _free_ports_at(tuple(range(count)), 10_000, ephemeral_low - count, f"run of {count} ports")
 
 
 def wait_for_port(port: int, timeout: float = 15.0, proc: subprocess.Popen | None = None) -> None:

@@ -413,17 +413,18 @@ async def serve(
         redis_ok = False
         log.error("redis unreachable at start; calls answer UNAVAILABLE until it is back", redis=redis_url,
                   error=str(e))
-    if redis_ok:
-        try:
+    try:
+        if redis_ok:  # runs this version cannot read (LegacyKeys): refuse to serve rather than answer "no run"
             await running.proxy.store.runs.check_layout()
-        except LegacyKeys:  # runs this version cannot read: refuse to serve rather than answer "no run"
-            await running.stop(0)
-            raise
+        # before "listening": a process that says it listens serves all it was asked to
+        metrics = start_metrics(metrics_port, running.proxy.store)  # SystemExit: its port is taken
+    except (LegacyKeys, SystemExit):
+        await running.stop(0)
+        raise
     log.info("proxy listening", listen=listen, port=running.port, redis=redis_url, redis_ok=redis_ok,
-             bucket=bucket_url or None, auth=bool(token), tls=bool(tls_cert),
+             bucket=bucket_url or None, auth=bool(token), tls=bool(tls_cert), metrics_port=metrics_port or None,
              pid=os.getpid(), startup_ms=round((time.monotonic() - started) * 1000))
     settle_heap()
-    metrics = start_metrics(metrics_port, running.proxy.store)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
