@@ -30,14 +30,24 @@ def test_control_plane_imports_without_torch():
     assert proc.returncode == 0, proc.stderr
 
 
+# what the control plane cannot start without: its own imports can only add to this
+BASELINE = "import grpc.aio, redis.asyncio, google.protobuf, structlog"
+MAX_OVER_BASELINE = 1.5  # ~1.2-1.3x on this machine; torch would be ~10x, transformers ~15x
+
+
+def _cpu(*args: str, runs: int = 3) -> float:
+    """The least CPU of `runs` starts: the code's cost, with the least of the neighbours' in it."""
+    results = [_run(*args) for _ in range(runs)]
+    assert all(r[2].returncode == 0 for r in results), results[0][2].stderr
+    return min(r[1] for r in results)
+
+
 def test_ctl_help_and_proxy_import_are_fast():
-    """~0.3 s on an idle machine. CPU time is what the code costs; wall time on a shared 2-core
-    machine also measures the neighbours, so it only gets a loose bound."""
+    """CPU time against the third-party imports they need, measured in the same run: a shared 2-core
+    machine's speed varies by 2x from day to day (0.45-0.83 s for the proxy's import), the ratio does not."""
     _run("-c", "import brigade_cli.main")  # warm the file cache
+    baseline = _cpu("-c", BASELINE)
     for args in (["-m", "brigade_cli.main", "ctl", "--help"], ["-c", "import brigade_proxy.server"],
                  ["-m", "brigade_cli.main", "proxy", "--help"], ["-m", "brigade_cli.main", "janitor", "--help"]):
-        runs = [_run(*args) for _ in range(2)]
-        assert all(r[2].returncode == 0 for r in runs), runs[0][2].stderr
-        cpu = min(r[1] for r in runs)
-        wall = min(r[0] for r in runs)
-        assert cpu < 0.8 and wall < 3.0, (args, cpu, wall)
+        cpu = _cpu(*args)
+        assert cpu < MAX_OVER_BASELINE * baseline, (args, cpu, baseline)
