@@ -76,16 +76,22 @@ def _listening_pids(stderr_lines: list[str]) -> set[int]:
 
 
 def _read_until(proc: subprocess.Popen, done, timeout: float = 60) -> list[str]:
-    """stderr lines of `proc` until done(lines) holds (or the process ends, or `timeout` passes)."""
+    """stderr lines of `proc` until done(lines) holds (or the process ends, or `timeout` passes).
+    Reads the pipe's bytes itself: a buffered readline() can pull two lines off the pipe and return one,
+    and select() then waits on an empty pipe while the other line sits in the buffer."""
     lines: list[str] = []
+    pending = b""
+    fd = proc.stderr.fileno()
     sel = selectors.DefaultSelector()
-    sel.register(proc.stderr, selectors.EVENT_READ)
+    sel.register(fd, selectors.EVENT_READ)
     deadline = time.monotonic() + timeout
     while not done(lines) and time.monotonic() < deadline:
-        if sel.select(timeout=1) and (line := proc.stderr.readline()):
-            lines.append(line)
+        if sel.select(timeout=1) and (chunk := os.read(fd, 65536)):
+            *complete, pending = (pending + chunk).split(b"\n")
+            lines += [line.decode() + "\n" for line in complete]
         elif proc.poll() is not None:
             break
+    sel.close()
     return lines
 
 
