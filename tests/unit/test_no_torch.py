@@ -32,22 +32,28 @@ def test_control_plane_imports_without_torch():
 
 # what the control plane cannot start without: its own imports can only add to this
 BASELINE = "import grpc.aio, redis.asyncio, google.protobuf, structlog"
-MAX_OVER_BASELINE = 1.5  # ~1.2-1.3x on this machine; torch would be ~10x, transformers ~15x
+# ~1.2-1.3x on a quiet machine, 1.55x once with two CPU hogs beside the test suite; torch would be
+# ~10x, transformers ~15x
+MAX_OVER_BASELINE = 2.0
 
 
-def _cpu(*args: str, runs: int = 3) -> float:
-    """The least CPU of `runs` starts: the code's cost, with the least of the neighbours' in it."""
-    results = [_run(*args) for _ in range(runs)]
-    assert all(r[2].returncode == 0 for r in results), results[0][2].stderr
-    return min(r[1] for r in results)
+def _cpu_ratio(args: list[str], runs: int = 3) -> tuple[float, float]:
+    """(least CPU of `runs` starts of `args`, least of the baseline's), the two alternating so that
+    both see the same minutes of a machine whose neighbours come and go."""
+    ours, base = [], []
+    for _ in range(runs):
+        for acc, argv in ((base, ["-c", BASELINE]), (ours, args)):
+            _, cpu, proc = _run(*argv)
+            assert proc.returncode == 0, proc.stderr
+            acc.append(cpu)
+    return min(ours), min(base)
 
 
 def test_ctl_help_and_proxy_import_are_fast():
-    """CPU time against the third-party imports they need, measured in the same run: a shared 2-core
-    machine's speed varies by 2x from day to day (0.45-0.83 s for the proxy's import), the ratio does not."""
+    """CPU time against the third-party imports they need, measured beside it: a shared 2-core
+    machine's speed varies by 2x from day to day (0.45-0.83 s for the proxy's import), the ratio less."""
     _run("-c", "import brigade_cli.main")  # warm the file cache
-    baseline = _cpu("-c", BASELINE)
     for args in (["-m", "brigade_cli.main", "ctl", "--help"], ["-c", "import brigade_proxy.server"],
                  ["-m", "brigade_cli.main", "proxy", "--help"], ["-m", "brigade_cli.main", "janitor", "--help"]):
-        cpu = _cpu(*args)
+        cpu, baseline = _cpu_ratio(args)
         assert cpu < MAX_OVER_BASELINE * baseline, (args, cpu, baseline)

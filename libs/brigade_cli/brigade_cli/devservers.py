@@ -164,7 +164,9 @@ def start_moto(port: int | None = None) -> ServerProcess:
     argv = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    wait_for_port(port, timeout=30, proc=proc)
+    # moto imports all of its service backends before it listens: about 5 s of CPU here,
+    # and more than 30 s of wall on a 2-core machine that other jobs keep busy.
+    wait_for_port(port, timeout=120, proc=proc)
     return ServerProcess(proc, port, f"http://127.0.0.1:{port}", None, argv)
 
 
