@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 
+import hiredis
 import pytest
 import redis.exceptions
 from hypothesis import given
 from hypothesis import strategies as st
 
-from brigade.resp import PipelinedRedis, ReplyError, _Incomplete, pack, parse
+from brigade.resp import _MORE, PipelinedRedis, Replies, ReplyError, pack
 from brigade_cli.devservers import start_redis
 
 aio = pytest.mark.asyncio(loop_scope="session")
@@ -31,21 +32,35 @@ def encode(value) -> bytes:
     return b"*%d\r\n" % len(value) + b"".join(encode(v) for v in value)
 
 
+def replies_of(*pieces: bytes) -> list:
+    """Every whole reply after feeding `pieces` one by one."""
+    r, out = Replies(), []
+    for piece in pieces:
+        r.feed(piece)
+        while (value := r.next()) is not _MORE:
+            out.append(value)
+    return out
+
+
 @given(resp_values)
-def test_parse_roundtrip_and_every_split(value):
+def test_replies_roundtrip_and_every_split(value):
     data = encode(value) + b"+OK\r\n"
-    parsed, pos = parse(data, 0)
-    assert parsed == value
-    assert parse(data, pos) == (b"OK", len(data))
-    for cut in range(len(data) - 5):  # any prefix of the first reply is incomplete
-        with pytest.raises(_Incomplete):
-            parse(data[:cut], 0)
+    assert replies_of(data) == [value, b"OK"]
+    for cut in range(1, len(data) - 5):  # the first reply cut anywhere: nothing until the rest comes
+        assert replies_of(data[:cut]) == []
+        assert replies_of(data[:cut], data[cut:]) == [value, b"OK"]
 
 
-def test_parse_error_reply_and_pack():
-    err, _ = parse(b"-NOSCRIPT No matching script\r\n", 0)
+def test_error_replies_and_pack():
+    (err,) = replies_of(b"-NOSCRIPT No matching script\r\n")
     assert isinstance(err, ReplyError) and str(err).startswith("NOSCRIPT")
     assert pack(["SET", "k", 5, b"\x00v"]) == b"*4\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\n5\r\n$2\r\n\x00v\r\n"
+    # what the C packer does not take itself
+    assert pack(("SET", True, bytearray(b"ab"), 1.5)) == b"*4\r\n$3\r\nSET\r\n$1\r\n1\r\n$2\r\nab\r\n$3\r\n1.5\r\n"
+    with pytest.raises(TypeError, match="cannot send dict"):
+        pack(("SET", {}))
+    with pytest.raises(hiredis.ProtocolError):
+        replies_of(b"?not RESP\r\n")
 
 
 def test_supports():

@@ -232,10 +232,13 @@ def test_a_full_redis_is_a_transient_resource_exhausted(small_redis):
 
 
 def test_oom_replies_are_redis_py_out_of_memory_errors():
-    from brigade.resp import parse
+    from brigade.resp import Loading, Replies
 
-    value, _ = parse(b"-OOM command not allowed when used memory > 'maxmemory'.\r\n", 0)
-    assert isinstance(value, OutOfMemory) and isinstance(value, redis.exceptions.OutOfMemoryError)
+    replies = Replies()
+    replies.feed(b"-OOM command not allowed when used memory > 'maxmemory'.\r\n-LOADING Redis is loading\r\n")
+    oom, loading = replies.next(), replies.next()
+    assert isinstance(oom, OutOfMemory) and isinstance(oom, redis.exceptions.OutOfMemoryError)
+    assert isinstance(loading, Loading) and isinstance(loading, redis.exceptions.BusyLoadingError)
 
 
 def test_a_loading_redis_is_unavailable_not_an_internal_error(small_redis):
