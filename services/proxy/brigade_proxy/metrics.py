@@ -9,9 +9,8 @@ few seconds and served from that cache: a scrape never waits on Redis."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import functools
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import grpc
@@ -36,11 +35,18 @@ LEASES_DEADLETTERED = Counter("brigade_proxy_leases_deadlettered_total", "FailLe
                               ["run"])
 
 
+# labels() takes a lock and builds its key on every call; these run on every lease call, so each
+# label set's child is looked up once (bounded: methods x status codes, and runs, which are capped)
+@functools.lru_cache(maxsize=4096)
+def _child(metric: Counter | Histogram, *labels: str) -> Any:
+    return metric.labels(*labels)
+
+
 def _count_acquire(run: str, response: pb.AcquireLeaseResponse) -> None:
     if response.granted:
-        LEASES_GRANTED.labels(run).inc()
+        _child(LEASES_GRANTED, run).inc()
     else:
-        LEASES_REFUSED.labels(run, response.reason or "unknown").inc()
+        _child(LEASES_REFUSED, run, response.reason or "unknown").inc()
 
 
 def _count_outcome(method: str, request: Any, response: Any) -> None:
@@ -49,9 +55,9 @@ def _count_outcome(method: str, request: Any, response: Any) -> None:
     elif method == "CompleteLease" and response.HasField("next"):  # the next lease, asked for in the same call
         _count_acquire(request.run_id, response.next)
     elif method == "Heartbeat" and response.status == pb.HeartbeatResponse.REVOKED:
-        LEASES_REVOKED.labels(request.run_id).inc()
+        _child(LEASES_REVOKED, request.run_id).inc()
     elif method == "FailLease" and response.deadlettered:
-        LEASES_DEADLETTERED.labels(request.run_id).inc()
+        _child(LEASES_DEADLETTERED, request.run_id).inc()
 
 
 _BY_VALUE = {c.value[0]: c for c in grpc.StatusCode}
@@ -65,21 +71,26 @@ def _code(context: grpc.aio.ServicerContext, default: grpc.StatusCode) -> str:
     return (code or default).name
 
 
-@contextlib.contextmanager
-def _timed(method: str, context: grpc.aio.ServicerContext, stream: bool = False) -> Iterator[None]:
-    """Count and time one call under the status it ended with."""
-    start, code = time.perf_counter(), "OK"
-    try:
-        yield
-    except asyncio.CancelledError:
-        # a watcher going away: the usual end of a stream; a unary call keeps the status it was given
-        code = "CANCELLED" if stream else _code(context, grpc.StatusCode.UNKNOWN)
-        raise
-    except BaseException:
-        code = _code(context, grpc.StatusCode.UNKNOWN)
-        raise
-    finally:
-        _observe(method, code, time.perf_counter() - start)
+class _Timed:
+    """Counts and times one call under the status it ended with (a class, not @contextmanager,
+    whose generator and wrapper objects cost more on a path every call takes)."""
+
+    __slots__ = ("method", "context", "stream", "start")
+
+    def __init__(self, method: str, context: grpc.aio.ServicerContext, stream: bool = False):
+        self.method, self.context, self.stream = method, context, stream
+
+    def __enter__(self) -> None:
+        self.start = time.perf_counter()
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        if kind is None:
+            code = "OK"
+        elif self.stream and issubclass(kind, asyncio.CancelledError):
+            code = "CANCELLED"  # a watcher going away: the usual end of a stream
+        else:  # a unary call keeps the status it was given, cancelled or not
+            code = _code(self.context, grpc.StatusCode.UNKNOWN)
+        _observe(self.method, code, time.perf_counter() - self.start)
 
 
 class RpcMetrics(grpc.aio.ServerInterceptor):
@@ -92,7 +103,7 @@ class RpcMetrics(grpc.aio.ServerInterceptor):
             inner = handler.unary_unary
 
             async def unary(request, context):
-                with _timed(method, context):
+                with _Timed(method, context):
                     response = await inner(request, context)
                     _count_outcome(method, request, response)
                     return response
@@ -103,7 +114,7 @@ class RpcMetrics(grpc.aio.ServerInterceptor):
             inner_stream = handler.unary_stream
 
             async def stream(request, context):
-                with _timed(method, context, stream=True):
+                with _Timed(method, context, stream=True):
                     async for item in inner_stream(request, context):
                         yield item
 
@@ -115,7 +126,7 @@ class RpcMetrics(grpc.aio.ServerInterceptor):
             inner_gated = handler.stream_unary
 
             async def gated(request_iterator, context):
-                with _timed(method, context):
+                with _Timed(method, context):
                     return await inner_gated(request_iterator, context)
 
             return grpc.stream_unary_rpc_method_handler(gated, handler.request_deserializer,
@@ -124,8 +135,8 @@ class RpcMetrics(grpc.aio.ServerInterceptor):
 
 
 def _observe(method: str, code: str, seconds: float) -> None:
-    RPCS.labels(method, code).inc()
-    RPC_SECONDS.labels(method, code).observe(seconds)
+    _child(RPCS, method, code).inc()
+    _child(RPC_SECONDS, method, code).observe(seconds)
 
 
 # ---------------------------------------------------------------- run state, from the store's views

@@ -26,6 +26,7 @@ another kind (XREADGROUP creating a consumer) grow on past the limit.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from dataclasses import dataclass
@@ -102,19 +103,37 @@ class Declaration:
                          f"for i = {len(self.args) + 1}, #ARGV do A.{self.rest}[#A.{self.rest} + 1] = ARGV[i] end")
         return "\n".join(lines) + "\n"
 
+    # worked out once per script, not on every call (bind runs on every lease call)
+    @functools.cached_property
+    def _run_key_names(self) -> tuple[str, ...]:
+        """The declared keys a RunKeys has a property for (work, events...)."""
+        return tuple(n for n in self.keys if isinstance(getattr(keys.RunKeys, n, None), property))
+
+    @functools.cached_property
+    def _wanted(self) -> frozenset[str]:
+        return frozenset((*self.keys, *self.args, *([self.rest] if self.rest else [])))
+
     def bind(self, script: str, values: dict[str, object],
              run_keys: keys.RunKeys | None = None) -> tuple[list[object], list[object]]:
         """(KEYS, ARGV) in declared order, keys not in `values` taken from `run_keys` where it has
         a property of that name; ValueError naming what is missing or unknown."""
         if run_keys is not None:
-            known = {n: getattr(run_keys, n) for n in self.keys if isinstance(getattr(keys.RunKeys, n, None), property)}
-            values = {**known, **values}
-        wanted = {*self.keys, *self.args, *([self.rest] if self.rest else [])}
-        missing, unknown = sorted(wanted - values.keys()), sorted(values.keys() - wanted)
-        if missing or unknown:
+            values = {**_run_key_values(self._run_key_names, run_keys), **values}
+        if values.keys() != self._wanted:
+            wanted = self._wanted
+            missing, unknown = sorted(wanted - values.keys()), sorted(values.keys() - wanted)
             raise ValueError(f"script {script}: missing {missing}, unknown {unknown}")
-        rest = list(values[self.rest]) if self.rest else []
-        return [values[n] for n in self.keys], [*(values[n] for n in self.args), *rest]
+        args = [values[n] for n in self.args]
+        if self.rest:
+            args += values[self.rest]
+        return [values[n] for n in self.keys], args
+
+
+@functools.lru_cache(maxsize=4096)
+def _run_key_values(names: tuple[str, ...], run_keys: keys.RunKeys) -> dict[str, str]:
+    """The run's key names a script declares (RunKeys builds each string anew; a lease call needs ~10).
+    Callers copy the dict, never change it."""
+    return {n: getattr(run_keys, n) for n in names}
 
 
 def read_source(name: str) -> str:
