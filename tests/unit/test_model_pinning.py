@@ -71,3 +71,30 @@ def test_trust_remote_code_is_off_unless_the_spec_turns_it_on(tmp_path):
         load_base(tiny_spec(folder))
     model, _ = load_base(tiny_spec(folder, trust_remote_code=True))
     assert type(model).__name__ == "CustomForCausalLM"
+
+
+def test_models_loaded_in_threads_at_once_are_whole(tmp_path):
+    """transformers swaps process-wide state while it builds a model (tie_weights a no-op, new
+    parameters on the meta device): unguarded, two loads at once left a tied lm_head on the meta
+    device in 27 of 30 loads here (the learner loading in a thread while a reward model or a test's
+    own sampler loads in another). brigade.model holds one lock over every from_pretrained."""
+    import threading
+
+    spec = tiny_spec(tiny_model(tmp_path / "tied", heads=4, tied=True))
+    meta: list[str] = []
+    errors: list[BaseException] = []
+
+    def load(n: int) -> None:
+        try:
+            for _ in range(n):
+                model, _ = load_base(spec)
+                meta.extend(name for name, p in model.named_parameters() if p.is_meta)
+        except BaseException as e:  # noqa: BLE001 - a meta tensor makes .to(device) raise
+            errors.append(e)
+
+    threads = [threading.Thread(target=load, args=(8,)) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and not meta, (errors[:1], meta[:3])

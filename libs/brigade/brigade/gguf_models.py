@@ -136,9 +136,11 @@ def _write_folder(source: Path, tmp: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from brigade.model import from_pretrained
+
     kw = {"gguf_file": source.name}
     tokenizer = AutoTokenizer.from_pretrained(str(source.parent), **kw)
-    model = AutoModelForCausalLM.from_pretrained(str(source.parent), dtype=torch.float32, **kw)
+    model = from_pretrained(AutoModelForCausalLM, str(source.parent), dtype=torch.float32, **kw)
     # a model loaded from GGUF keeps a quantizer that refuses save_pretrained: rebuild a plain one
     # from the same config (without quantization_config) and hand it the dequantized tensors
     config = model.config

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import threading
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
@@ -58,6 +59,18 @@ def pinned(spec: pb.RunSpec) -> dict:
     return {"revision": spec.revision or None, "trust_remote_code": spec.trust_remote_code}
 
 
+# transformers swaps process-wide state while from_pretrained builds a model (PreTrainedModel.tie_weights
+# and init_weights become no-ops, torch.linspace is patched, new parameters go to the meta device): two
+# loads at once in threads of one process left a tied lm_head on the meta device in 27 of 30 loads here.
+_FROM_PRETRAINED = threading.RLock()
+
+
+def from_pretrained(cls: type, *args, **kwargs):
+    """`cls.from_pretrained(*args, **kwargs)`, one at a time in this process (every model brigade loads)."""
+    with _FROM_PRETRAINED:
+        return cls.from_pretrained(*args, **kwargs)
+
+
 def load_tokenizer(spec: pb.RunSpec, path: str | None = None) -> PreTrainedTokenizerBase:
     tokenizer = AutoTokenizer.from_pretrained(path or resolve_model(spec.model), **pinned(spec))
     if tokenizer.pad_token_id is None:
@@ -70,8 +83,8 @@ def load_base(spec: pb.RunSpec, device: torch.device | None = None) -> tuple[Pre
     device = device or pick_device(spec.device)
     tokenizer = load_tokenizer(spec, path)
     # safetensors only: a folder holding pytorch_model.bin would otherwise be unpickled by torch.load
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(spec, device), use_safetensors=True,
-                                                 **pinned(spec)).to(device)
+    model = from_pretrained(AutoModelForCausalLM, path, dtype=torch_dtype(spec, device), use_safetensors=True,
+                            **pinned(spec)).to(device)
     model.requires_grad_(False)
     return model, tokenizer
 

@@ -19,14 +19,15 @@ class RewardModel:
     def load(cls, name: str, device: str = "cpu", trust_remote_code: bool = False, revision: str = "") -> RewardModel:
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-        from brigade.model import pick_device, resolve_model
+        from brigade.model import from_pretrained, pick_device, resolve_model
 
         path = resolve_model(name)
         pinned = {"revision": revision or None, "trust_remote_code": trust_remote_code}
         tokenizer = AutoTokenizer.from_pretrained(path, **pinned)
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
-        model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, use_safetensors=True, **pinned)
+        model = from_pretrained(AutoModelForSequenceClassification, path, num_labels=1, use_safetensors=True,
+                                **pinned)
         # the model scores the last token that is not padding: it must know which id pads
         model.config.pad_token_id = tokenizer.pad_token_id
         return cls(name, model.to(pick_device(device)).eval(), tokenizer)
