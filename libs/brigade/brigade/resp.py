@@ -74,7 +74,7 @@ def _encode(value: object) -> bytes:
 
 
 def pack(args: tuple | list) -> bytes:
-    """One command in RESP2, by hiredis's C packer (a lease script's 20 arguments: 4 us, 10 in Python)."""
+    """One command in RESP2, by hiredis's C packer (a lease script's 22 arguments: 4 us, 10 in Python)."""
     args = tuple(args)
     try:
         return hiredis.pack_command(args)
