@@ -23,7 +23,7 @@ from brigade.model import attach_lora, completion_logprobs, load_base
 from brigade.retry import Backoff
 from brigade.rollout_format import Rollout, from_bytes
 from brigade.rpc import ProxyClient
-from brigade.store import Store
+from brigade.store import Store, leases
 from brigade.v1 import brigade_pb2 as pb
 from brigade_cli.devservers import free_port
 from brigade_cli.system import LocalSystem
@@ -215,6 +215,27 @@ async def test_published_adapter_is_prefetched_and_used(env):
     v0_model, _ = model_with(spec)
     assert not torch.allclose(r.logprobs, rescore(v0_model, r, spec.sampling.temperature), atol=1e-3)
     assert worker.cache.fetches == 1  # the lease used the prefetched copy
+
+
+async def test_a_worker_at_the_sync_barrier_starts_when_the_adapter_is_published(env, monkeypatch):
+    """Sync mode: a worker refused at the barrier takes its next lease as soon as the adapter it
+    waits for is published (WatchRun's AdapterPublished wakes it), not when the refusal's retry
+    delay runs out. The delay here is a minute, so a worker that only polled would wait 30-90 s."""
+    monkeypatch.setattr(leases, "_retry_after_ms", lambda reason, over, info: 60_000)
+    await env.start_proxy()
+    run = "barrier"
+    spec = await env.create_run(run, 4, sync=True)  # a batch a step: the second waits for v1
+    worker = env.worker(run, max_batches=2)
+    task = asyncio.create_task(worker.run())
+    # pullable once CompleteLease ran, and the same call was refused the next lease at the barrier
+    (first,) = await env.pull(run, 1, timeout=60)
+    assert first.manifest.policy_version == 0
+    await asyncio.sleep(0.5)
+    assert not task.done()
+    await env.publish(spec, 1)
+    assert await asyncio.wait_for(task, 20) == 0
+    (second,) = await env.pull(run, 1)
+    assert second.manifest.policy_version == 1
 
 
 async def test_revoked_lease_stops_generation(env):

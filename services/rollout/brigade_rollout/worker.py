@@ -33,6 +33,7 @@ Failure handling, in one place (the retry policy and its exceptions: brigade_rol
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import random
@@ -145,6 +146,10 @@ class Worker:
         self._lease_stop: threading.Event | None = None
         self._committing = False
         self._next: pb.AcquireLeaseResponse | None = None  # the answer for the next lease, from CompleteLease
+        # set, and replaced by a fresh one, on each AdapterPublished: a refusal at the sync barrier
+        # waits on the one current when its request went out (see _back_off)
+        self._published = asyncio.Event()
+        self._next_asked = self._published  # the one current when self._next was asked for
 
     # -------------------------------------------------------------- lifecycle
 
@@ -246,8 +251,9 @@ class Worker:
         cfg, done, idle = self.cfg, 0, 0
         while not self._stopping.is_set() and (cfg.max_batches == 0 or done < cfg.max_batches):
             resp, self._next = self._next, None
+            asked = self._next_asked
             if resp is None:  # nothing came with the last CompleteLease
-                req = self._acquire_request()
+                asked, req = self._published, self._acquire_request()
                 resp = await with_retries(
                     "AcquireLease", lambda req=req: self.client.lease.AcquireLease(req, timeout=RPC_TIMEOUT_S),
                     rpc_retryable, RPC_TIMEOUT_S + 1)
@@ -258,11 +264,23 @@ class Worker:
                 if idle % 20 == 0:
                     self.log.info("no lease", reason=resp.reason, retry_after_ms=resp.retry_after_ms)
                 idle += 1
-                await asyncio.sleep(max(50, resp.retry_after_ms) / 1000 * random.uniform(0.5, 1.5))
+                await self._back_off(resp, asked)
                 continue
             idle = 0
             if await self._process(resp.lease, want_next=cfg.max_batches == 0 or done + 1 < cfg.max_batches):
                 done += 1
+
+    async def _back_off(self, resp: pb.AcquireLeaseResponse, published: asyncio.Event) -> None:
+        """Wait out a refusal's retry delay. At the sync barrier, an adapter published since the
+        refused request went out ends the wait at once: the barrier waits for exactly that, and
+        sleeping out the delay cost every synchronous step about 250 ms (bench fleet's
+        sync_barrier_release_s). The delay stays as the fallback for a broken WatchRun stream."""
+        delay = max(50, resp.retry_after_ms) / 1000 * random.uniform(0.5, 1.5)
+        if resp.reason != "sync_barrier":
+            await asyncio.sleep(delay)
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(published.wait(), delay)
 
     async def _process(self, lease: pb.Lease, want_next: bool = False) -> bool:
         """One lease, start to finish. True when the rollout was handed to the proxy. With `want_next`,
@@ -405,6 +423,7 @@ class Worker:
         req = pb.CompleteLeaseRequest(run_id=lease.run_id, lease_id=lease.lease_id, worker_id=self.cfg.worker_id,
                                       manifest=manifest)
         if want_next and not self._stopping.is_set():
+            self._next_asked = self._published
             # A retry after a lost answer completes as a duplicate and acquires again: the lease the
             # lost answer carried expires and is requeued, as after a lost AcquireLease answer.
             req.next.CopyFrom(self._acquire_request())
@@ -467,13 +486,18 @@ class Worker:
                 self.cache.prefetch(resp.latest_adapter_version)
 
     async def _watch(self) -> None:
-        """Prefetch each adapter version as soon as it is published, off the critical path."""
+        """Prefetch each adapter version as soon as it is published, off the critical path, and wake
+        a worker waiting at the sync barrier (_back_off)."""
         after, attempt = "", 0
         while True:
             try:
                 async for ev in self.client.runs.WatchRun(pb.WatchRunRequest(run_id=self.cfg.run, after_id=after)):
                     after, attempt = ev.id, 0
-                    if ev.type == "AdapterPublished" and ev.attrs.get("version", "").isdigit():
+                    if ev.type != "AdapterPublished":
+                        continue
+                    self._published.set()
+                    self._published = asyncio.Event()
+                    if ev.attrs.get("version", "").isdigit():
                         self.log.info("adapter published; prefetching", version=int(ev.attrs["version"]))
                         self.cache.prefetch(int(ev.attrs["version"]))
             except asyncio.CancelledError:
