@@ -4,6 +4,7 @@ average around each run), and the report's targets judged on the worst run."""
 from __future__ import annotations
 
 import math
+import os
 import time
 
 import pytest
@@ -12,7 +13,7 @@ from brigade_bench import repeat, report
 
 
 def test_which_way_is_better_is_read_off_the_name():
-    for key in ("lease_cycles_per_s", "get_mb_s", "speedup", "speedup_excl_barrier", "fleet_to_learner_capacity"):
+    for key in ("lease_cycles_per_s", "get_mb_s", "speedup", "speedup_fair_assignment", "fleet_to_learner_capacity"):
         assert repeat.better(key) == "higher", key
     for key in ("get_ratio", "overhead_ratio_cpu", "acquire_p99_ms", "wall_s", "async_learner_idle",
                 "async_learner_idle_from_go", "throughput_loss", "async_rejection_rate", "denied"):
@@ -108,3 +109,20 @@ def test_the_proxy_p99_is_shown_with_the_floor_of_its_own_run():
     assert row.status == "miss" and row.worst_run.startswith("run 2")
     assert row.measured.startswith("40.0 ms, floor 31.0 ms (median 12.0 ms, floor ")
     assert row_of(runs[2:]).measured == "9.0 ms"
+
+
+def test_the_two_call_p99_is_shown_with_the_cores_its_phase_used():
+    runs = _runs({"acquire_p99_ms": 12.0, "phase_cores": 1.4, "target_acquire_p99_ms": 25.0},
+                 {"acquire_p99_ms": 60.0, "phase_cores": 1.95, "target_acquire_p99_ms": 25.0},
+                 {"acquire_p99_ms": 9.0, "target_acquire_p99_ms": 25.0})  # from before the cores were measured
+    row = next(r for r in report.evaluate({"proxy": runs}) if r.what.startswith("AcquireLease p99"))
+    assert row.status == "miss" and row.worst_run.startswith("run 2")
+    assert row.measured.startswith("60.0 ms, phase used 1.95 cores (median 12.0 ms, phase used ")
+    note = report.proxy_notes({"proxy_cpu_ms_per_cycle": 0.8, "clients_cpu_ms_per_cycle": 0.9,
+                               "redis_cpu_ms_per_cycle": 0.3, "phase_cores": 1.95, "machine_busy": 0.97,
+                               "over_target_share": 0.02, "slow_stretch_s": 0.4, "target_acquire_p99_ms": 25.0,
+                               "one_call_phase_cores": 1.3, "one_call_cpu_ms_per_cycle": 0.7,
+                               "one_call_clients_cpu_ms_per_cycle": 0.4, "one_call_redis_cpu_ms_per_cycle": 0.25,
+                               "one_call_p99_ms": 6.0})
+    assert f"together 1.95 cores of this machine's {os.cpu_count()}, which was 97 % busy" in note and "1.3 cores" in note
+    assert report.proxy_notes({"acquire_p99_ms": 9.0}) == ""
