@@ -25,7 +25,10 @@ acquire_p50/p99_ms, complete_*
                      that generate between calls) to one process
 proxy_cpu_ms_per_cycle, proxy_cores
                      that process's CPU (all its threads) per cycle and in cores at 1000 cycles/s:
-                     what it needs of a machine whose other jobs set the p99
+                     what it needs of a machine whose other jobs set the p99; clients_/redis_cpu_ms_per_cycle,
+                     phase_cores (proxy, load clients and Redis together, in cores), machine_*,
+                     over_target_share and slow_stretch_s as for one_call_*: two calls a cycle cost
+                     the clients twice what one does, and on 2 cores the phase takes about all of them
 light_acquire_*      200 cycles/s (64 workers, one cycle each every 320 ms), one process
 floor_*              the one-call phase again, the same clients and rate, against a gRPC server that
                      parses each call and answers a fixed lease (brigade_bench.floor_server: no Redis,
@@ -378,6 +381,24 @@ async def _phase_with_cpu(pid: int, redis_pid: int | None, *phase_args, **phase_
     return result, {"proxy": spent[0], "redis": spent[1], "windows": dict(windows)}
 
 
+def _who_else(prefix: str, phase: dict, cpu: dict) -> dict:
+    """A paced phase's figures beside its latency: what the load clients and Redis spent per cycle
+    next to the proxy, the cores the three used together (`phase_cores`: on this machine the load
+    generator is not on other machines, as workers are), the machine's busy and stolen share
+    (`_machine_during`), the share of calls over the target and the longest stretch of them."""
+    n = max(1, phase["cycles"])
+    wall = n / phase["rate"] if phase["rate"] else float("nan")
+    return {
+        f"{prefix}clients_cpu_ms_per_cycle": round(1000 * phase["clients_cpu_s"] / n, 3),
+        f"{prefix}redis_cpu_ms_per_cycle": round(1000 * cpu["redis"] / n, 3),
+        f"{prefix}phase_cores": round((phase["clients_cpu_s"] + cpu["proxy"] + cpu["redis"]) / wall, 2),
+        **{f"{prefix}machine_{k}": v
+           for k, v in _machine_during(cpu["windows"], phase["acquire"], phase["ends"], TARGET_P99_MS).items()},
+        f"{prefix}over_target_share": round(sum(x > TARGET_P99_MS for x in phase["acquire"]) / n, 4),
+        f"{prefix}slow_stretch_s": _longest_slow_stretch_s(phase["acquire"], phase["ends"], TARGET_P99_MS),
+    }
+
+
 def _stop(proc: subprocess.Popen) -> None:
     proc.terminate()
     try:
@@ -484,20 +505,14 @@ async def run(quick: bool = False, client_processes: int = 2, paced_rate: float 
         "complete_p99_ms": round(_percentile(paced["complete"], 0.99), 3),
         "proxy_cpu_ms_per_cycle": round(1000 * paced_cpu["proxy"] / max(1, paced["cycles"]), 3),
         "proxy_cores": round(paced_cpu["proxy"] * paced["rate"] / max(1, paced["cycles"]), 3),
+        **_who_else("", paced, paced_cpu),
         # the same two with one call per cycle (CompleteLease with `next`), what workers do
         "one_call_cycles_per_s": round(one_saturated["rate"], 1),
         "one_call_paced_cycles_per_s": round(one_paced["rate"], 1),
         "one_call_p50_ms": round(statistics.median(one_paced["acquire"]), 3),
         "one_call_p99_ms": round(_percentile(one_paced["acquire"], 0.99), 3),
         "one_call_cpu_ms_per_cycle": round(1000 * one_cpu["proxy"] / max(1, one_paced["cycles"]), 3),
-        # who else wanted this machine's cores meanwhile: the load clients, Redis, the hypervisor
-        "one_call_clients_cpu_ms_per_cycle": round(1000 * one_paced["clients_cpu_s"] / max(1, one_paced["cycles"]), 3),
-        "one_call_redis_cpu_ms_per_cycle": round(1000 * one_cpu["redis"] / max(1, one_paced["cycles"]), 3),
-        **{f"one_call_machine_{k}": v for k, v in _machine_during(one_cpu["windows"], one_paced["acquire"],
-                                                                  one_paced["ends"], TARGET_P99_MS).items()},
-        "one_call_over_target_share": round(sum(x > TARGET_P99_MS for x in one_paced["acquire"])
-                                            / max(1, one_paced["cycles"]), 4),
-        "one_call_slow_stretch_s": _longest_slow_stretch_s(one_paced["acquire"], one_paced["ends"], TARGET_P99_MS),
+        **_who_else("one_call_", one_paced, one_cpu),
         # the same clients and rate against a gRPC server that does no work (`brigade_bench.floor_server`)
         "floor_one_call_p50_ms": round(statistics.median(floor["acquire"]), 3),
         "floor_one_call_p99_ms": round(_percentile(floor["acquire"], 0.99), 3),

@@ -30,6 +30,10 @@ async def test_bench_proxy_smoke():
     # Redis (read in 10 ms ticks: a 120-cycle phase may round to none); the machine's shares are shares
     assert out["one_call_clients_cpu_ms_per_cycle"] > 0 and out["one_call_redis_cpu_ms_per_cycle"] >= 0
     assert 0 < out["one_call_machine_busy"] <= 1 and 0 <= out["one_call_machine_steal"] <= out["one_call_machine_busy"]
+    # and during the two-call phase, with the cores the phase used (proxy, clients, Redis)
+    for prefix in ("", "one_call_"):
+        assert out[f"{prefix}clients_cpu_ms_per_cycle"] > 0 and 0 < out[f"{prefix}machine_busy"] <= 1, prefix
+        assert out[f"{prefix}phase_cores"] > 0, prefix
     # the floor: the same one-call phase against a gRPC server that does no work, its own process
     assert out["floor_one_call_p99_ms"] >= out["floor_one_call_p50_ms"] > 0 and out["floor_cpu_ms_per_cycle"] >= 0
     assert out["floor_clients_cpu_ms_per_cycle"] > 0 and 0 < out["floor_machine_busy"] <= 1
