@@ -34,7 +34,9 @@ floor_*              the one-call phase again, the same clients and rate, agains
                      parses each call and answers a fixed lease (brigade_bench.floor_server: no Redis,
                      no checks, no interceptors), started right after it: floor_one_call_p99_ms is
                      the p99 this machine gives any Python gRPC server that minute, floor_cpu_ms_per_cycle
-                     gRPC's own CPU per call, floor_machine_busy/steal the machine meanwhile
+                     gRPC's own CPU per call, floor_machine_busy/steal the machine meanwhile; then the
+                     two-call phase against it: floor_acquire_p99_ms, floor_cpu_ms_per_two_call_cycle
+                     and floor_phase_cores (server and clients)
 processes_*          1000 cycles/s and the closed loop again through `brigade proxy --processes 2`
                      (one port, SO_REUSEPORT), with the processes' CPU per cycle; one_call_processes_*
                      the worker's one-call cycle at 1000 cycles/s through them
@@ -407,8 +409,10 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.kill()
 
 
-async def _floor_phase(client_processes: int, cycles: int, rate: float, warmup: int) -> tuple[dict, dict]:
-    """The one-call phase at `rate` against `brigade_bench.floor_server` (gRPC alone, no work)."""
+async def _floor_phases(client_processes: int, cycles: int, rate: float,
+                        warmup: int) -> tuple[tuple[dict, dict], tuple[dict, dict]]:
+    """The one-call and the two-call phase at `rate` against `brigade_bench.floor_server` (gRPC
+    alone, no work): each as `_phase_with_cpu` gives it."""
     from brigade_cli.devservers import free_port, wait_for_port
 
     port = free_port()
@@ -418,8 +422,10 @@ async def _floor_phase(client_processes: int, cycles: int, rate: float, warmup: 
     try:
         wait_for_port(port, timeout=30, proc=server)
         await _proxy_clients(target, "bench-proxy", CONCURRENCY, min(warmup, cycles), "warm", one_call=True)
-        return await _phase_with_cpu(server.pid, None, target, "bench-proxy", client_processes, cycles, rate,
-                                     one_call=True)
+        one = await _phase_with_cpu(server.pid, None, target, "bench-proxy", client_processes, cycles, rate,
+                                    one_call=True)
+        two = await _phase_with_cpu(server.pid, None, target, "bench-proxy", client_processes, cycles, rate)
+        return one, two
     finally:
         _stop(server)
 
@@ -471,7 +477,8 @@ async def run(quick: bool = False, client_processes: int = 2, paced_rate: float 
             finally:
                 _stop(proxy)
             # the same clients and rate against a server that does no work, right after: this minute's floor
-            floor, floor_cpu = await _floor_phase(client_processes, paced_cycles, paced_rate, warmup)
+            (floor, floor_cpu), (floor_two, floor_two_cpu) = await _floor_phases(client_processes, paced_cycles,
+                                                                                 paced_rate, warmup)
             # `--processes N` on one port, the same run
             port = free_port()
             proxy = _start_proxy(redis.url, port, processes=processes)
@@ -520,6 +527,11 @@ async def run(quick: bool = False, client_processes: int = 2, paced_rate: float 
         "floor_clients_cpu_ms_per_cycle": round(1000 * floor["clients_cpu_s"] / max(1, floor["cycles"]), 3),
         **{f"floor_machine_{k}": v for k, v in _machine_during(floor_cpu["windows"], floor["acquire"], floor["ends"],
                                                                TARGET_P99_MS).items()},
+        # and the two-call phase against it: AcquireLease's p99 and the cores used with gRPC alone
+        "floor_acquire_p99_ms": round(_percentile(floor_two["acquire"], 0.99), 3),
+        "floor_cpu_ms_per_two_call_cycle": round(1000 * floor_two_cpu["proxy"] / max(1, floor_two["cycles"]), 3),
+        "floor_phase_cores": round((floor_two["clients_cpu_s"] + floor_two_cpu["proxy"]) * floor_two["rate"]
+                                   / max(1, floor_two["cycles"]), 2),
         # the same through `--processes N`, and its closed loop
         "processes_acquire_p50_ms": round(statistics.median(several_paced["acquire"]), 3),
         "processes_acquire_p99_ms": round(_percentile(several_paced["acquire"], 0.99), 3),

@@ -37,4 +37,6 @@ async def test_bench_proxy_smoke():
     # the floor: the same one-call phase against a gRPC server that does no work, its own process
     assert out["floor_one_call_p99_ms"] >= out["floor_one_call_p50_ms"] > 0 and out["floor_cpu_ms_per_cycle"] >= 0
     assert out["floor_clients_cpu_ms_per_cycle"] > 0 and 0 < out["floor_machine_busy"] <= 1
+    assert out["floor_acquire_p99_ms"] > 0 and out["floor_cpu_ms_per_two_call_cycle"] >= 0
+    assert out["floor_phase_cores"] > 0
     json.dumps(out)

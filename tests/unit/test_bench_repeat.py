@@ -113,16 +113,24 @@ def test_the_proxy_p99_is_shown_with_the_floor_of_its_own_run():
 
 def test_the_two_call_p99_is_shown_with_the_cores_its_phase_used():
     runs = _runs({"acquire_p99_ms": 12.0, "phase_cores": 1.4, "target_acquire_p99_ms": 25.0},
-                 {"acquire_p99_ms": 60.0, "phase_cores": 1.95, "target_acquire_p99_ms": 25.0},
+                 {"acquire_p99_ms": 60.0, "phase_cores": 1.95, "target_acquire_p99_ms": 25.0,
+                  "floor_acquire_p99_ms": 20.0, "floor_phase_cores": 1.2},
                  {"acquire_p99_ms": 9.0, "target_acquire_p99_ms": 25.0})  # from before the cores were measured
     row = next(r for r in report.evaluate({"proxy": runs}) if r.what.startswith("AcquireLease p99"))
     assert row.status == "miss" and row.worst_run.startswith("run 2")
-    assert row.measured.startswith("60.0 ms, phase used 1.95 cores (median 12.0 ms, phase used ")
-    note = report.proxy_notes({"proxy_cpu_ms_per_cycle": 0.8, "clients_cpu_ms_per_cycle": 0.9,
-                               "redis_cpu_ms_per_cycle": 0.3, "phase_cores": 1.95, "machine_busy": 0.97,
-                               "over_target_share": 0.02, "slow_stretch_s": 0.4, "target_acquire_p99_ms": 25.0,
-                               "one_call_phase_cores": 1.3, "one_call_cpu_ms_per_cycle": 0.7,
-                               "one_call_clients_cpu_ms_per_cycle": 0.4, "one_call_redis_cpu_ms_per_cycle": 0.25,
-                               "one_call_p99_ms": 6.0})
+    assert row.measured.startswith("60.0 ms, phase used 1.95 cores; floor 20.0 ms, 1.20 cores (median 12.0 ms, ")
+    figures = {"proxy_cpu_ms_per_cycle": 0.8, "clients_cpu_ms_per_cycle": 0.9, "redis_cpu_ms_per_cycle": 0.3,
+               "phase_cores": 1.95, "machine_busy": 0.97, "machine_slow_busy": 0.99, "over_target_share": 0.02,
+               "slow_stretch_s": 0.4, "target_acquire_p99_ms": 25.0, "one_call_phase_cores": 1.3,
+               "one_call_cpu_ms_per_cycle": 0.7, "one_call_clients_cpu_ms_per_cycle": 0.4,
+               "one_call_redis_cpu_ms_per_cycle": 0.25, "one_call_p99_ms": 6.0}
+    note = report.proxy_notes(figures)
     assert f"together 1.95 cores of this machine's {os.cpu_count()}, which was 97 % busy" in note and "1.3 cores" in note
+    assert "Against a gRPC server" not in note  # from before the two-call floor was measured
+    assert "99 % in the 100 ms windows holding a call over 25 ms (2.0 % of the calls" in note
+    quiet = report.proxy_notes({**figures, "machine_slow_busy": math.nan, "over_target_share": 0.0,
+                                "floor_phase_cores": 1.2, "floor_cpu_ms_per_two_call_cycle": 0.64,
+                                "floor_acquire_p99_ms": 1.7})
+    assert "busy over the phase (no call over 25 ms)" in quiet and "nan" not in quiet
+    assert "used 1.2 cores (the server 0.64 ms a cycle: gRPC alone), with a p99 of 1.7 ms" in quiet
     assert report.proxy_notes({"acquire_p99_ms": 9.0}) == ""
