@@ -162,7 +162,7 @@ def test_killed_share():
 def test_report_table_pass_miss_and_missing_figures():
     results = {
         "fleet": {"speedup": 2.1, "theoretical_ratio": 2.5, "async_learner_idle": 0.03, "reward_diff_per_step": -0.05,
-                  "reward_diff_se": 0.01, "reward_within_noise": False},
+                  "reward_diff_se": 0.01, "reward_within_noise": False, "speedup_fair_assignment": 2.4},
         "preemption": {"error": "RuntimeError: boom"},
     }
     rows = report.evaluate(results)
@@ -170,12 +170,14 @@ def test_report_table_pass_miss_and_missing_figures():
     assert by[("fleet", "async speedup to N steps (sync wall / async wall)")].status == "pass"
     theory = by[("fleet", "speedup against the speed factors' theoretical ratio")]
     assert theory.status == "miss" and "2.38" in theory.target                 # 2.1 < 0.95 x 2.5
+    fair = next(r for r in rows if r.what.startswith("the same with the sync run's assignment luck taken out"))
+    assert fair.status == "pass" and fair.measured == "2.40x"                    # 2.4 >= 2.375
     assert by[("fleet", "async learner idle (steps 2..N)")].status == "pass"
     assert by[("fleet", "reward per step, async - sync (paired, per step)")].status == "miss"
     assert all(r.status == "n/a" for r in rows if r.bench == "preemption")      # failed: never a pass
     assert not any(r.bench == "bucket" for r in rows)                            # not run: no rows
     table = report.render_table(rows)
-    assert table.count("**MISS**") == 2 and table.count("**pass**") == 2 and "n/a" in table
+    assert table.count("**MISS**") == 2 and table.count("**pass**") == 3 and "n/a" in table
     assert report.render_figures({"a": 1.23456, "plot_x": "p.png", "b": "x|y"}) == \
         "| figure | value |\n|---|---|\n| `a` | 1.235 |\n| `b` | x\\|y |"
 
