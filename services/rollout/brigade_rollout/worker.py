@@ -34,8 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import math
 import random
 import threading
 import time
@@ -61,7 +59,7 @@ from brigade.engine import make_engine
 from brigade.engine.base import Engine, Sample, Stopped
 from brigade.options import default_fleet_id
 from brigade.reward_sandbox import RqSandbox
-from brigade.rewards import RewardCall, RewardSet, Scores, TrainerState
+from brigade.rewards import RewardCall, RewardSet, TrainerState
 from brigade.rollout_format import Rollout, build_rollout, from_bytes
 from brigade.rpc import ProxyClient, describe_rpc_error, is_transient
 from brigade.v1 import brigade_pb2 as pb
@@ -79,6 +77,7 @@ from brigade_rollout.retries import (
     rpc_retryable,
     with_retries,
 )
+from brigade_rollout.sidecar import reward_mean, text_sidecar
 
 log = structlog.get_logger()
 
@@ -101,27 +100,6 @@ class WorkerConfig:
     device: str = ""                # overrides spec.device
     redis_url: str = ""             # rq queue for sandboxed rewards
     reward_workers: bool = True     # start a local rq worker for them
-
-
-# ---------------------------------------------------------------- the rollout object
-
-
-def text_sidecar(lease: pb.Lease, worker_id: str, samples: list[Sample], completions: list[str],
-                 totals: list[float | None], parts: list[list[float | None]], names: list[str],
-                 scores: Scores | None = None) -> bytes:
-    prompts = lease.batch.prompts
-    extra = scores.extra if scores else {}
-    rows = [
-        {"group": s.group, "prompt_id": prompts[s.group].id, "prompt": prompt_value(prompts[s.group]),
-         "completion": text, "reward": total, "reward_parts": dict(zip(names, [col[i] for col in parts], strict=True)),
-         "finished": s.finished, "num_tokens": len(s.completion_ids),
-         **({"extra": {k: v[i] for k, v in extra.items()}} if extra else {})}
-        for i, (s, text, total) in enumerate(zip(samples, completions, totals, strict=True))
-    ]
-    doc = {"run_id": lease.run_id, "batch_id": lease.batch.batch_id, "attempt": lease.attempt,
-           "policy_version": lease.adapter_version, "worker_id": worker_id, "reward_names": names,
-           "rejected": scores.rejected if scores else {}, "samples": rows}
-    return json.dumps(doc, indent=1).encode()
 
 
 # ---------------------------------------------------------------- the worker
@@ -507,9 +485,3 @@ class Worker:
             await asyncio.sleep(BACKOFF.delay(attempt))
             attempt += 1
 
-
-def reward_mean(values: list[float | None]) -> float:
-    """Mean over scored samples; 0 when none was (the proxy wants a finite number, and the learner
-    drops unscored samples by their NaN reward anyway)."""
-    scored = [v for v in values if v is not None and math.isfinite(v)]
-    return sum(scored) / len(scored) if scored else 0.0
