@@ -205,14 +205,14 @@ def assignment_luck_s(engine: list[dict], events: list[system.Event], delay: Del
     steps: dict[int, list[dict]] = {}
     for row in engine:
         steps.setdefault(bisect.bisect_right(published, row["t0"]), []).append(row)
+    assignments = list(itertools.permutations(FACTORS))
     luck, counted = 0.0, 0
     for rows in steps.values():
-        if len(rows) != len(FACTORS) or sorted(r["factor"] for r in rows) != sorted(FACTORS):
+        if sorted(r["factor"] for r in rows) != sorted(FACTORS):  # one batch a worker, no more, no fewer
             continue
         tokens = [r["tokens"] for r in rows]
         actual = max(r["factor"] * r["tokens"] for r in rows)
-        perms = list(itertools.permutations(FACTORS))
-        expected = statistics.fmean(max(f * t for f, t in zip(p, tokens, strict=True)) for p in perms)
+        expected = statistics.fmean(max(f * t for f, t in zip(a, tokens, strict=True)) for a in assignments)
         luck += (expected - actual) * delay.per_token_s
         counted += 1
     return luck, counted

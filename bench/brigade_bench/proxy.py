@@ -383,17 +383,21 @@ async def _phase_with_cpu(pid: int, redis_pid: int | None, *phase_args, **phase_
     return result, {"proxy": spent[0], "redis": spent[1], "windows": dict(windows)}
 
 
+def _cores(phase: dict, *cpu_s: float) -> float:
+    """Cores that these CPU seconds, spent over a phase's timed part, kept busy."""
+    return sum(cpu_s) * phase["rate"] / max(1, phase["cycles"])
+
+
 def _who_else(prefix: str, phase: dict, cpu: dict) -> dict:
     """A paced phase's figures beside its latency: what the load clients and Redis spent per cycle
     next to the proxy, the cores the three used together (`phase_cores`: on this machine the load
     generator is not on other machines, as workers are), the machine's busy and stolen share
     (`_machine_during`), the share of calls over the target and the longest stretch of them."""
     n = max(1, phase["cycles"])
-    wall = n / phase["rate"] if phase["rate"] else float("nan")
     return {
         f"{prefix}clients_cpu_ms_per_cycle": round(1000 * phase["clients_cpu_s"] / n, 3),
         f"{prefix}redis_cpu_ms_per_cycle": round(1000 * cpu["redis"] / n, 3),
-        f"{prefix}phase_cores": round((phase["clients_cpu_s"] + cpu["proxy"] + cpu["redis"]) / wall, 2),
+        f"{prefix}phase_cores": round(_cores(phase, phase["clients_cpu_s"], cpu["proxy"], cpu["redis"]), 2),
         **{f"{prefix}machine_{k}": v
            for k, v in _machine_during(cpu["windows"], phase["acquire"], phase["ends"], TARGET_P99_MS).items()},
         f"{prefix}over_target_share": round(sum(x > TARGET_P99_MS for x in phase["acquire"]) / n, 4),
@@ -511,7 +515,7 @@ async def run(quick: bool = False, client_processes: int = 2, paced_rate: float 
         "complete_p50_ms": round(statistics.median(paced["complete"]), 3),
         "complete_p99_ms": round(_percentile(paced["complete"], 0.99), 3),
         "proxy_cpu_ms_per_cycle": round(1000 * paced_cpu["proxy"] / max(1, paced["cycles"]), 3),
-        "proxy_cores": round(paced_cpu["proxy"] * paced["rate"] / max(1, paced["cycles"]), 3),
+        "proxy_cores": round(_cores(paced, paced_cpu["proxy"]), 3),
         **_who_else("", paced, paced_cpu),
         # the same two with one call per cycle (CompleteLease with `next`), what workers do
         "one_call_cycles_per_s": round(one_saturated["rate"], 1),
@@ -530,8 +534,7 @@ async def run(quick: bool = False, client_processes: int = 2, paced_rate: float 
         # and the two-call phase against it: AcquireLease's p99 and the cores used with gRPC alone
         "floor_acquire_p99_ms": round(_percentile(floor_two["acquire"], 0.99), 3),
         "floor_cpu_ms_per_two_call_cycle": round(1000 * floor_two_cpu["proxy"] / max(1, floor_two["cycles"]), 3),
-        "floor_phase_cores": round((floor_two["clients_cpu_s"] + floor_two_cpu["proxy"]) * floor_two["rate"]
-                                   / max(1, floor_two["cycles"]), 2),
+        "floor_phase_cores": round(_cores(floor_two, floor_two["clients_cpu_s"], floor_two_cpu["proxy"]), 2),
         # the same through `--processes N`, and its closed loop
         "processes_acquire_p50_ms": round(statistics.median(several_paced["acquire"]), 3),
         "processes_acquire_p99_ms": round(_percentile(several_paced["acquire"], 0.99), 3),
