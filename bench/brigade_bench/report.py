@@ -443,7 +443,24 @@ def sync_notes(r: dict) -> str:
         f" ms for each worker's raw GETs. With {r['workers']} workers on this machine the sha256 and decode of all of "
         f"them share 2 cores; one worker alone: {r['7b_1w_p50_ms']:g} ms against {r['7b_1w_raw_p50_ms']:g} ms raw "
         f"({r['7b_1w_ratio']:.2f}x; fetch {r['7b_1w_fetch_ms']:g} ms, decode {r['7b_1w_decode_ms']:g} ms). The S3 server "
-        f"is {r.get('s3', '?')}.")
+        f"is {r.get('s3', '?')}." + _sync_control(r))
+
+
+def _sync_control(r: dict) -> str:
+    """What the sha256 check costs: the control side of brigade_bench.sync_latency."""
+    if "7b_unchecked_ratio" not in r:
+        return ""
+    return (
+        f" Control, the same path with the workers' sha256 check off: {r['7b_unchecked_ratio']:.2f}x raw with "
+        f"{r['workers']} workers, {r['7b_1w_unchecked_ratio']:.2f}x for one alone. Checking the 7B adapter's files costs "
+        f"one core {r['7b_sha256_ms']:g} ms. A round of {r['workers']} workers cost the watcher process "
+        f"{r['7b_client_cpu_ms']:g} ms of CPU with the check, {r['7b_unchecked_client_cpu_ms']:g} ms without it and "
+        f"{r['7b_raw_client_cpu_ms']:g} ms for the raw GETs, and the S3 server {r['7b_s3_cpu_ms']:g}, "
+        f"{r['7b_unchecked_s3_cpu_ms']:g} and {r['7b_raw_s3_cpu_ms']:g} ms, on 2 cores "
+        f"{100 * r['7b_busy']:.0f} % busy: where no core is free, the check's CPU is added to every worker's wait. "
+        f"One worker alone: {r['7b_1w_client_cpu_ms']:g}, {r['7b_1w_unchecked_client_cpu_ms']:g} and "
+        f"{r['7b_1w_raw_client_cpu_ms']:g} ms (its event loop, its hashing thread and the S3 server: three busy "
+        "threads on 2 cores). A real worker checks on cores of its own.")
 
 
 def proxy_notes(r: dict) -> str:

@@ -16,6 +16,12 @@ with their own bare aiobotocore clients at the same moment, on a signal from the
 clock starts when the signal is sent. Both sides run N fetches at once on the same machine and the
 same S3 server. Rounds alternate which side goes first.
 
+Control: the same path with the workers' sha256 check turned off for that version (`unchecked`, a
+third side taking its turn with the other two), and the CPU each side cost the watcher process and
+the S3 server a round, beside what sha256 of the payload costs one core: where every core is busy
+(4 workers and the S3 server on 2 cores), the check's CPU lands on every worker's wait; a real
+worker hashes on a core of its own, as the lone worker here does.
+
 Figures per adapter (demo: the demo run's LoRA; 7b: rank 16 on q/k/v/o of a Llama-2-7B layout,
 16.8 M parameters, 33.6 MB in bf16, the README's "~34 MB"): all_p50/all_p95 = time until every
 worker has it (the slowest of the N, per round), worker_p50/p95 = each worker's own time, and the
@@ -92,6 +98,17 @@ def demo_adapter() -> dict[str, bytes]:
 # ---------------------------------------------------------------- the simulated workers (one process)
 
 
+def uncheck_reads(bucket, folders: set[str]) -> None:
+    """The control side: `bucket` reads every object in one of `folders` (adapter folders, as
+    keys.adapter_prefix names them) without the sha256 check its caller asks for."""
+    get = bucket.get
+
+    async def get_maybe_unchecked(key: str, sha256: str | None = None) -> bytes:
+        return await get(key, sha256=None if key.rsplit("/", 1)[0] + "/" in folders else sha256)
+
+    bucket.get = get_maybe_unchecked
+
+
 def _raw_client():
     from aiobotocore.config import AioConfig
     from aiobotocore.session import get_session
@@ -143,6 +160,7 @@ async def _watcher_host(a: argparse.Namespace) -> None:
             decode_s[files_of.pop(id(files), (0, 0))] = time.time() - t0
 
     adapters.read_version, adapters.decode = timed_read_version, timed_decode
+    unchecked: set[str] = set()  # adapter folders the workers read without their sha256 check
 
     class Sim:
         def __init__(self, run: str, index: int):
@@ -150,6 +168,7 @@ async def _watcher_host(a: argparse.Namespace) -> None:
             self.bucket = open_bucket(a.bucket)
             self.seen: dict[int, float] = {}
             sim = self
+            uncheck_reads(self.bucket, unchecked)
 
             class TimedCache(AdapterCache):
                 def _done(self, version: int, task: asyncio.Task) -> None:
@@ -203,6 +222,10 @@ async def _watcher_host(a: argparse.Namespace) -> None:
         say(kind="ready")
         while line := await reader.readline():
             cmd = json.loads(line)
+            if "unchecked" in cmd:
+                unchecked.add(cmd["unchecked"])
+                say(kind="ack", folder=cmd["unchecked"])
+                continue
             await asyncio.gather(*(s.raw_get(raws[id(s)], cmd["id"], cmd["keys"]) for s in sims[cmd["run"]]))
     for group in sims.values():
         for s in group:
@@ -255,6 +278,12 @@ class Watchers:
         await self.proc.stdin.drain()
         return t0
 
+    async def uncheck(self, folder: str) -> None:
+        """The workers read the adapter in `folder` without the sha256 check (the control side)."""
+        self.proc.stdin.write((json.dumps({"unchecked": folder}) + "\n").encode())
+        await self.proc.stdin.drain()
+        await self.collect("ack", 1, {"folder": folder})
+
     async def stop(self) -> None:
         if self.proc is None:
             return
@@ -287,54 +316,100 @@ def _figures(name: str, ours: list[list[float]], raw: list[list[float]], size: i
     }
 
 
+def _control(name: str, s: dict) -> dict:
+    """Where the time over raw goes: the same path with the sha256 check off (`unchecked`), the CPU
+    each side cost the watcher process (every simulated worker) and the S3 server a round, and what
+    the sha256 of the payload costs one core. On a machine with cores to spare the check hides
+    behind the transfer; where the cores are all busy, it adds its CPU to every worker's wait."""
+    ms = lambda x: round(x, 1)  # noqa: E731
+    unchecked = percentile([max(r) for r in s["unchecked"]], 0.5)
+    (client, server), (u_client, u_server), (r_client, r_server) = (s["cpu_ms"][side] for side in SIDES)
+    return {
+        f"{name}_unchecked_all_p50_ms": ms(unchecked * 1e3),
+        f"{name}_unchecked_ratio": round(unchecked / percentile([max(r) for r in s["raw"]], 0.5), 3),
+        f"{name}_client_cpu_ms": ms(client), f"{name}_unchecked_client_cpu_ms": ms(u_client),
+        f"{name}_raw_client_cpu_ms": ms(r_client),
+        f"{name}_s3_cpu_ms": ms(server), f"{name}_unchecked_s3_cpu_ms": ms(u_server), f"{name}_raw_s3_cpu_ms": ms(r_server),
+        f"{name}_sha256_ms": ms(s["sha256_ms"]),
+    }
+
+
 def _add_ticks(acc: list[int], before: Ticks | None, after: Ticks | None) -> None:
     if before is not None and after is not None:
         acc[0] += after.busy - before.busy
         acc[1] += after.total - before.total
 
 
+SIDES = ("ours", "unchecked", "raw")
+
+
 async def _measure(client, bucket, run: str, n: int, watchers: Watchers, payloads: dict[str, dict[str, bytes]],
-                   rounds: int) -> dict[str, dict]:
-    """Publish-to-cached and raw GET times, per round and worker, for each payload."""
+                   rounds: int, s3_pid: int | None) -> dict[str, dict]:
+    """Publish-to-cached times (with and without the sha256 check) and raw GET times, per round and
+    worker, for each payload; and the CPU the watcher process and the S3 server spent on each side."""
     from brigade import adapters, keys
     from brigade.v1 import brigade_pb2 as pb
 
     version, rid = 0, 0
     series: dict[str, dict] = {}
     for name, files in payloads.items():
-        ours: list[list[float]] = []
-        raw: list[list[float]] = []
+        times: dict[str, list[list[float]]] = {side: [] for side in SIDES}
         parts: list[dict[str, float]] = []
-        ticks = {"ours": [0, 0], "raw": [0, 0]}  # the machine's busy and total ticks while each side ran
+        ticks = {side: [0, 0] for side in SIDES}  # the machine's busy and total ticks while each side ran
+        cpu = {side: [0.0, 0.0] for side in SIDES}  # CPU seconds of the watcher process and the S3 server
         for r in range(rounds + 1):  # round 0 warms subscriptions, connections and the server
-            for side in (["ours", "raw"] if r % 2 == 0 else ["raw", "ours"]):
-                if side == "ours":
-                    version += 1
-                    manifest = await adapters.write_version(bucket, run, version, version, files, "bf16")
-                    await client.learner.PublishAdapter(pb.PublishAdapterRequest(run_id=run, manifest=manifest),
-                                                        timeout=30)
-                    t0, tick0 = time.time(), machine_ticks()
-                    rows = await watchers.collect("ours", n, {"run": run, "v": version})
-                    _add_ticks(ticks["ours"], tick0, machine_ticks())
-                    if r:
-                        ours.append([row["t"] - t0 for row in rows])
-                        parts.extend({"notify": row["seen"] - t0, "fetch": row["fetch"], "decode": row["decode"]}
-                                     for row in rows)
-                else:
+            for side in SIDES[r % 3:] + SIDES[:r % 3]:  # each side goes first, second and last in turn
+                if side == "raw":
                     rid += 1
                     prefix = keys.adapter_prefix(run, version)
-                    tick0 = machine_ticks()
+                    tick0, cpu0 = machine_ticks(), _cpu(watchers, s3_pid)
                     t0 = await watchers.raw(run, rid, [prefix + f for f in (adapters.MANIFEST, *sorted(files))])
                     rows = await watchers.collect("raw", n, {"id": rid})
-                    _add_ticks(ticks["raw"], tick0, machine_ticks())
-                    if r:
-                        raw.append([row["t"] - t0 for row in rows])
-        series[name] = {"ours": ours, "raw": raw, "parts": parts, "size": sum(len(b) for b in files.values()),
-                        "busy": {side: busy / total if total else float("nan") for side, (busy, total) in ticks.items()}}
+                else:
+                    version += 1
+                    if side == "unchecked":
+                        await watchers.uncheck(keys.adapter_prefix(run, version))
+                    manifest = await adapters.write_version(bucket, run, version, version, files, "bf16")
+                    tick0, cpu0 = machine_ticks(), _cpu(watchers, s3_pid)
+                    await client.learner.PublishAdapter(pb.PublishAdapterRequest(run_id=run, manifest=manifest),
+                                                        timeout=30)
+                    t0 = time.time()
+                    rows = await watchers.collect("ours", n, {"run": run, "v": version})
+                    if r and side == "ours":
+                        parts.extend({"notify": row["seen"] - t0, "fetch": row["fetch"], "decode": row["decode"]}
+                                     for row in rows)
+                _add_ticks(ticks[side], tick0, machine_ticks())
+                if r:
+                    times[side].append([row["t"] - t0 for row in rows])
+                    cpu[side] = [x + (b - a if a is not None and b is not None else float("nan"))
+                                 for x, a, b in zip(cpu[side], cpu0, _cpu(watchers, s3_pid), strict=True)]
+        series[name] = {**times, "parts": parts, "size": sum(len(b) for b in files.values()),
+                        "busy": {side: busy / total if total else float("nan") for side, (busy, total) in ticks.items()},
+                        "cpu_ms": {side: [1e3 * x / rounds for x in cpu[side]] for side in SIDES},
+                        "sha256_ms": _sha256_ms(files)}
     return series
 
 
-async def _bench(url: str, cfg: dict, env: dict[str, str], root: Path) -> tuple[dict, dict]:
+def _cpu(watchers: Watchers, s3_pid: int | None) -> tuple[float | None, float | None]:
+    from brigade_bench.system import process_cpu_s
+
+    return process_cpu_s(watchers.proc.pid), process_cpu_s(s3_pid)
+
+
+def _sha256_ms(files: dict[str, bytes]) -> float:
+    """What checking every file of the payload costs one core: the best of 3 sha256 passes."""
+    import hashlib
+
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for data in files.values():
+            hashlib.sha256(data).digest()
+        best = min(best, time.perf_counter() - t0)
+    return 1e3 * best
+
+
+async def _bench(url: str, cfg: dict, env: dict[str, str], root: Path, s3_pid: int | None) -> tuple[dict, dict]:
     from brigade.bucket import open_bucket
     from brigade.rpc import ProxyClient
     from brigade.spec_file import build_spec
@@ -364,7 +439,7 @@ async def _bench(url: str, cfg: dict, env: dict[str, str], root: Path) -> tuple[
         async with ProxyClient.connect(proxy) as client:
             for n, run in runs.items():
                 progress("sync-latency", f"measuring with {n} worker{'s' if n > 1 else ''}")
-                series[n] = await _measure(client, bucket, run, n, watchers, payloads, cfg["rounds"])
+                series[n] = await _measure(client, bucket, run, n, watchers, payloads, cfg["rounds"], s3_pid)
     finally:
         if watchers is not None:
             await watchers.stop()
@@ -377,12 +452,15 @@ async def _bench(url: str, cfg: dict, env: dict[str, str], root: Path) -> tuple[
             out[f"{name}_{part}_ms"] = round(percentile([p[part] for p in s["parts"]], 0.5) * 1e3, 1)
         # how much of the machine's cores each side kept busy (this machine also runs the S3 server)
         out[f"{name}_busy"], out[f"{name}_raw_busy"] = round(s["busy"]["ours"], 2), round(s["busy"]["raw"], 2)
+        out |= _control(name, s)
     for name, s in series[1].items():
         lone = _figures(name, s["ours"], s["raw"], s["size"])
         out |= {f"{name}_1w_p50_ms": lone[f"{name}_all_p50_ms"], f"{name}_1w_raw_p50_ms": lone[f"{name}_raw_all_p50_ms"],
                 f"{name}_1w_ratio": lone[f"{name}_ratio"]}
         for part in ("fetch", "decode"):
             out[f"{name}_1w_{part}_ms"] = round(percentile([p[part] for p in s["parts"]], 0.5) * 1e3, 1)
+        out |= {k.replace(f"{name}_", f"{name}_1w_", 1): v for k, v in _control(name, s).items()
+                if not k.endswith("sha256_ms")}
     return out, series[cfg["workers"]]
 
 
@@ -429,7 +507,8 @@ def run(quick: bool = False, out_dir: str | Path | None = None) -> dict:
     try:
         extra = {**MOTO_ENV, "AWS_ENDPOINT_URL": server.url} if server else {}
         with _env(extra), workdir("brigade-bench-sync-") as tmp:
-            result, series = asyncio.run(_bench(url, cfg, dict(os.environ), Path(tmp)))
+            result, series = asyncio.run(_bench(url, cfg, dict(os.environ), Path(tmp),
+                                                server.proc.pid if server else None))
     finally:
         if server is not None:
             server.stop()
