@@ -158,6 +158,10 @@ TARGETS: list[Target] = [
            lambda r: abs(r["reward_diff_per_step"]) / (2 * r["reward_diff_se"]), _num(1.0)),
     Target("sync-latency", "publish -> every worker cached, 7B adapter, p50", _f("7b_ratio", "{:.2f}x"),
            _const("<= 1.25x raw GET"), _key("7b_ratio"), _num(1.25)),
+    # the control: the same path with the workers' sha256 check off (brigade_bench.sync_latency)
+    Target("sync-latency", "the same with the workers' sha256 check off (a control: 4 workers' checks share this "
+           "machine's 2 cores with the S3 server)", _f("7b_unchecked_ratio", "{:.2f}x"),
+           _const("<= 1.25x raw GET"), _key("7b_unchecked_ratio"), _num(1.25)),
     Target("sync-latency", "publish -> every worker cached, 7B adapter, p95", _f("7b_p95_ratio", "{:.2f}x"),
            _const("<= 1.5x raw GET"), _key("7b_p95_ratio"), _num(1.5)),
     Target("sync-latency", "publish -> every worker cached, demo adapter, p50", _f("demo_ratio", "{:.2f}x"),
