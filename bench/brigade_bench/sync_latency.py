@@ -14,7 +14,7 @@ learner does before publishing), calls PublishAdapter, and starts the clock when
 Baseline: the same N workers GET the same objects (manifest, weights, config, in the same order)
 with their own bare aiobotocore clients at the same moment, on a signal from the bench process; the
 clock starts when the signal is sent. Both sides run N fetches at once on the same machine and the
-same S3 server. Rounds alternate which side goes first.
+same S3 server. Each side goes first, second and last in turn.
 
 Control: the same path with the workers' sha256 check turned off for that version (`unchecked`, a
 third side taking its turn with the other two), and the CPU each side cost the watcher process and
@@ -331,6 +331,8 @@ def _control(name: str, s: dict) -> dict:
         f"{name}_raw_client_cpu_ms": ms(r_client),
         f"{name}_s3_cpu_ms": ms(server), f"{name}_unchecked_s3_cpu_ms": ms(u_server), f"{name}_raw_s3_cpu_ms": ms(r_server),
         f"{name}_sha256_ms": ms(s["sha256_ms"]),
+        # fresh pages the watcher process touched a round: a new buffer's page faults are CPU too
+        **{f"{name}_{side}_faults".replace("_ours", ""): round(s["faults"][side]) for side in SIDES},
     }
 
 
@@ -356,7 +358,7 @@ async def _measure(client, bucket, run: str, n: int, watchers: Watchers, payload
         times: dict[str, list[list[float]]] = {side: [] for side in SIDES}
         parts: list[dict[str, float]] = []
         ticks = {side: [0, 0] for side in SIDES}  # the machine's busy and total ticks while each side ran
-        cpu = {side: [0.0, 0.0] for side in SIDES}  # CPU seconds of the watcher process and the S3 server
+        cpu = {side: [0.0, 0.0, 0.0] for side in SIDES}  # the watcher's and the S3 server's CPU s, the watcher's faults
         for r in range(rounds + 1):  # round 0 warms subscriptions, connections and the server
             for side in SIDES[r % 3:] + SIDES[:r % 3]:  # each side goes first, second and last in turn
                 if side == "raw":
@@ -385,15 +387,16 @@ async def _measure(client, bucket, run: str, n: int, watchers: Watchers, payload
                                  for x, a, b in zip(cpu[side], cpu0, _cpu(watchers, s3_pid), strict=True)]
         series[name] = {**times, "parts": parts, "size": sum(len(b) for b in files.values()),
                         "busy": {side: busy / total if total else float("nan") for side, (busy, total) in ticks.items()},
-                        "cpu_ms": {side: [1e3 * x / rounds for x in cpu[side]] for side in SIDES},
+                        "cpu_ms": {side: [1e3 * x / rounds for x in cpu[side][:2]] for side in SIDES},
+                        "faults": {side: cpu[side][2] / rounds for side in SIDES},
                         "sha256_ms": _sha256_ms(files)}
     return series
 
 
-def _cpu(watchers: Watchers, s3_pid: int | None) -> tuple[float | None, float | None]:
-    from brigade_bench.system import process_cpu_s
+def _cpu(watchers: Watchers, s3_pid: int | None) -> tuple[float | None, float | None, int | None]:
+    from brigade_bench.system import process_cpu_s, process_minor_faults
 
-    return process_cpu_s(watchers.proc.pid), process_cpu_s(s3_pid)
+    return process_cpu_s(watchers.proc.pid), process_cpu_s(s3_pid), process_minor_faults(watchers.proc.pid)
 
 
 def _sha256_ms(files: dict[str, bytes]) -> float:

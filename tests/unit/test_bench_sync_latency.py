@@ -30,12 +30,14 @@ async def test_the_control_side_skips_the_check_only_in_the_folders_it_names(tmp
 
 def test_control_figures_from_the_rounds():
     s = {"ours": [[0.30, 0.40]], "unchecked": [[0.25, 0.33], [0.20, 0.31]], "raw": [[0.2, 0.3], [0.1, 0.2]],
-         "cpu_ms": {"ours": [400.0, 180.0], "unchecked": [260.0, 190.0], "raw": [220.0, 178.0]}, "sha256_ms": 31.0}
+         "cpu_ms": {"ours": [400.0, 180.0], "unchecked": [260.0, 190.0], "raw": [220.0, 178.0]}, "sha256_ms": 31.0,
+         "faults": {"ours": 33000.4, "unchecked": 32000.0, "raw": 24000.0}}
     got = sync_latency._control("7b", s)
     assert got["7b_unchecked_all_p50_ms"] == pytest.approx(320.0)  # the median of the rounds' slowest workers
     assert got["7b_unchecked_ratio"] == pytest.approx(0.32 / 0.25)
     assert (got["7b_client_cpu_ms"], got["7b_unchecked_client_cpu_ms"], got["7b_raw_client_cpu_ms"]) == (400, 260, 220)
     assert (got["7b_s3_cpu_ms"], got["7b_unchecked_s3_cpu_ms"], got["7b_raw_s3_cpu_ms"]) == (180, 190, 178)
+    assert (got["7b_faults"], got["7b_unchecked_faults"], got["7b_raw_faults"]) == (33000, 32000, 24000)
     lone = {f"7b_1w_{k[3:]}": v for k, v in got.items()}
     r = {**got, **lone, "workers": 4, "7b_busy": 0.77}
     note = report._sync_control(r)
