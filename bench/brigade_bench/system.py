@@ -94,10 +94,9 @@ def process_cpu_s(pid: int | None, children: bool = False) -> float | None:
     with `children` its child processes' too (recursively: `brigade proxy --processes`), from
     Linux's /proc; None for no pid or where /proc cannot tell. In clock ticks (10 ms here): read
     it as a difference over a phase or a mean over many calls, not per call."""
-    if pid is None:
+    if (fields := _stat_fields(pid)) is None:
         return None
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()  # the name may hold spaces
         kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split() if children else []
         own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, IndexError, ValueError):
@@ -109,11 +108,21 @@ def process_cpu_s(pid: int | None, children: bool = False) -> float | None:
 def process_minor_faults(pid: int | None) -> int | None:
     """Minor page faults process `pid` has taken (each a fresh page of memory mapped in on first
     touch: a new 32 MiB buffer is 8,192 of them), from Linux's /proc; None where it cannot tell."""
+    if (fields := _stat_fields(pid)) is None:
+        return None
+    try:
+        return int(fields[7])
+    except (IndexError, ValueError):
+        return None
+
+
+def _stat_fields(pid: int | None) -> list[str] | None:
+    """/proc/{pid}/stat after the process name (which may hold spaces): field 3 (state) first."""
     if pid is None:
         return None
     try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[7])
-    except (OSError, IndexError, ValueError):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
         return None
 
 
