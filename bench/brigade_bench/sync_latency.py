@@ -20,7 +20,7 @@ Control: the same path with the workers' sha256 check turned off for that versio
 third side taking its turn with the other two), and the CPU each side cost the watcher process and
 the S3 server a round, beside what sha256 of the payload costs one core: where every core is busy
 (4 workers and the S3 server on 2 cores), the check's CPU lands on every worker's wait; a real
-worker hashes on a core of its own, as the lone worker here does.
+worker hashes on cores of its own.
 
 Figures per adapter (demo: the demo run's LoRA; 7b: rank 16 on q/k/v/o of a Llama-2-7B layout,
 16.8 M parameters, 33.6 MB in bf16, the README's "~34 MB"): all_p50/all_p95 = time until every
@@ -319,8 +319,8 @@ def _figures(name: str, ours: list[list[float]], raw: list[list[float]], size: i
 def _control(name: str, s: dict) -> dict:
     """Where the time over raw goes: the same path with the sha256 check off (`unchecked`), the CPU
     each side cost the watcher process (every simulated worker) and the S3 server a round, and what
-    the sha256 of the payload costs one core. On a machine with cores to spare the check hides
-    behind the transfer; where the cores are all busy, it adds its CPU to every worker's wait."""
+    the sha256 of the payload costs one core. Where the cores are all busy, the check adds its CPU
+    to every worker's wait."""
     ms = lambda x: round(x, 1)  # noqa: E731
     unchecked = percentile([max(r) for r in s["unchecked"]], 0.5)
     (client, server), (u_client, u_server), (r_client, r_server) = (s["cpu_ms"][side] for side in SIDES)
