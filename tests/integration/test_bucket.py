@@ -120,6 +120,27 @@ async def test_stream_equals_get(env: Env) -> None:
     assert b"".join(chunks) == await env.bucket.get("rollouts/b1/attempt-0.safetensors") == data
 
 
+@pytest.mark.parametrize("size", [0, 1000, 3 * MiB + 12345])  # from 1 MiB on, S3 fills one buffer as bytes arrive
+async def test_get_buffer_is_get_in_a_bytearray(env: Env, size: int) -> None:
+    key = "adapters/v00000004/adapter_model.safetensors"
+    data = random.randbytes(size)
+    digest = await env.bucket.put_new(key, data)
+    got = await env.bucket.get_buffer(key, sha256=digest)
+    assert type(got) is bytearray and got == data
+    assert await env.bucket.get_buffer(key) == data
+    with pytest.raises(CorruptObject):
+        await env.bucket.get_buffer(key, sha256="0" * 64)
+    if size:
+        flipped = bytearray(data)
+        flipped[-1] ^= 0x01
+        await raw_overwrite(env, key, bytes(flipped))
+        with pytest.raises(CorruptObject):
+            await env.bucket.get_buffer(key, sha256=digest)
+        assert await env.bucket.get_buffer(key) == flipped
+    with pytest.raises(ObjectNotFound):
+        await env.bucket.get_buffer("adapters/v00000009/manifest.pb", sha256=digest)
+
+
 # -- create-only writes -----------------------------------------------------------------
 
 

@@ -85,7 +85,7 @@ def encode(state: dict[str, torch.Tensor], config_json: bytes, payload: str = "b
     return {WEIGHTS_INT8: st_save(tensors, metadata={"format": "brigade-int8"}), CONFIG: config_json}, rel_err
 
 
-def decode(files: dict[str, bytes], float32: bool = True) -> dict[str, torch.Tensor]:
+def decode(files: dict[str, bytes | bytearray], float32: bool = True) -> dict[str, torch.Tensor]:
     """Float32 adapter tensors from either payload; InvalidAdapter on anything else. float32=False
     keeps bf16 as sent (int8 is dequantized to float32 either way): for a caller that copies the
     tensors into its own parameters, which converts in the same pass."""
@@ -111,9 +111,9 @@ _ST_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32
 MAX_HEADER_BYTES = 100 << 20  # safetensors' own limit
 
 
-def _load_safetensors(data: bytes, name: str) -> dict[str, torch.Tensor]:
-    """The tensors of a safetensors file as views of `data` (read-only bytes: nothing may write to
-    them, and nothing here does), checked as strictly as safetensors.torch.load checks them: its load
+def _load_safetensors(data: bytes | bytearray, name: str) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file as views of `data` (nothing may write to them, and nothing
+    here does), checked as strictly as safetensors.torch.load checks them: its load
     copies every tensor, 34 MB for a 7B adapter, on every worker's path to a new policy."""
     try:
         if len(data) < 8:
@@ -126,7 +126,7 @@ def _load_safetensors(data: bytes, name: str) -> dict[str, torch.Tensor]:
             raise ValueError("header is not a JSON object")
         body, spans, out = len(data) - 8 - n, [], {}
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # "the given buffer is not writable": on purpose
+            warnings.simplefilter("ignore", UserWarning)  # bytes: "the given buffer is not writable": on purpose
             for key, entry in header.items():
                 if key == "__metadata__":
                     continue
@@ -215,13 +215,15 @@ async def read_manifest(bucket: Bucket, run: str, version: int) -> pb.AdapterMan
     return manifest
 
 
-async def read_version(bucket: Bucket, run: str, version: int) -> tuple[pb.AdapterManifest, dict[str, bytes]]:
-    """The manifest and every file of a version, each checked against its sha256."""
+async def read_version(bucket: Bucket, run: str, version: int) -> tuple[pb.AdapterManifest, dict[str, bytearray]]:
+    """The manifest and every file of a version, each checked against its sha256. The files come
+    as bytearrays (Bucket.get_buffer: no final copy of a 34 MB adapter on every worker's path to a
+    new policy); every reader decodes them with `decode`, which takes any buffer."""
     prefix = keys.adapter_prefix(run, version)
     manifest = await read_manifest(bucket, run, version)
     files = {}
     for f in manifest.files:
         if "/" in f.name or f.name.startswith("."):
             raise InvalidAdapter(f"adapter manifest names a file outside its folder: {f.name!r}")
-        files[f.name] = await bucket.get(prefix + f.name, sha256=f.sha256)
+        files[f.name] = await bucket.get_buffer(prefix + f.name, sha256=f.sha256)
     return manifest, files

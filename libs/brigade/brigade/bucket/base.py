@@ -180,6 +180,14 @@ class Bucket(abc.ABC):
         """Read `key`; with `sha256`, raise CorruptObject unless the bytes match it."""
 
     @abc.abstractmethod
+    async def get_buffer(self, key: str, sha256: str | None = None) -> bytearray:
+        """`get` into a bytearray, for readers that take any buffer (torch.frombuffer: the adapter
+        files): a big object's bytes are copied into it as they arrive, and each received chunk is
+        freed at once. `get` must keep every chunk until the last and then join them into a bytes
+        object, which is one more pass over the whole object, on the path to using it, and twice its
+        size in memory at the peak."""
+
+    @abc.abstractmethod
     def stream(self, key: str, chunk_size: int = CHUNK_SIZE) -> AsyncIterator[bytes]:
         """Read `key` in chunks of at most `chunk_size` bytes (ObjectNotFound if missing)."""
 

@@ -125,16 +125,27 @@ class LocalBucket(Bucket):
     # -- reads ----------------------------------------------------------------------------
 
     async def get(self, key: str, sha256: str | None = None) -> bytes:
+        return await self._get(key, sha256, into_buffer=False)
+
+    async def get_buffer(self, key: str, sha256: str | None = None) -> bytearray:
+        return await self._get(key, sha256, into_buffer=True)
+
+    async def _get(self, key: str, sha256: str | None, into_buffer: bool) -> bytes | bytearray:
         path = self._path(key)
-        data, digest = await asyncio.to_thread(self._read, key, path, sha256 is not None)
+        data, digest = await asyncio.to_thread(self._read, key, path, sha256 is not None, into_buffer)
         if sha256 is not None:
             self._check_digest(key, sha256, digest)
         return data
 
-    def _read(self, key: str, path: Path, want_digest: bool) -> tuple[bytes, str]:
+    def _read(self, key: str, path: Path, want_digest: bool, into_buffer: bool) -> tuple[bytes | bytearray, str]:
         try:
             with open(path, "rb") as f:
-                data = f.read()
+                if into_buffer:
+                    # objects are renamed into place whole, never changed: the size is the object's
+                    data = bytearray(os.fstat(f.fileno()).st_size)
+                    del data[f.readinto(data):]
+                else:
+                    data = f.read()
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as e:
             raise ObjectNotFound("no such key", key=key, uri=self.url(key)) from e
         except OSError as e:

@@ -56,10 +56,49 @@ _TRANSPORT_ERRORS = (BotoCoreError, aiohttp.ClientError, asyncio.TimeoutError, O
 
 READ_ATTEMPTS = 3  # reads of one object, when a body arrives cut short
 _STREAM_HASH_BYTES = 1 << 20  # bodies at least this big are hashed by a thread as they arrive
+# get_buffer allocates the promised length up front up to this; a bigger claim is taken on trust
+# only as far as the bytes that actually arrive
+_PREALLOCATE_MAX = 1 << 30
 
 
 class _TornRead(Exception):
     """A GET whose body arrived incomplete; `get` reads again, then raises BucketError."""
+
+
+class _Body:
+    """Where a GET's chunks go. For `get`, a list joined into bytes after the last one. For
+    `get_buffer` with a known length, one bytearray each chunk is copied into on arrival, so the
+    chunk is freed at once: aiohttp's next receive buffers reuse its memory, still in cache, where
+    the list grows the heap by the whole object (one page fault per 4 KiB) before a join copies it
+    all again. Measured with 4 concurrent 32 MiB reads against moto: 11,000 page faults a read
+    against 8,200, and 20-57 ms less CPU and 29-62 ms less time a round (README, Adapter sync)."""
+
+    def __init__(self, length: int | None, into_buffer: bool) -> None:
+        self.size = 0
+        self._into_buffer = into_buffer
+        self._chunks: list[bytes] = []
+        self._buffer: bytearray | None = None
+        if into_buffer and length is not None and length <= _PREALLOCATE_MAX:
+            self._buffer = bytearray(length)
+            self._view = memoryview(self._buffer)
+
+    def add(self, chunk: bytes) -> None:
+        end = self.size + len(chunk)
+        if self._buffer is None:
+            self._chunks.append(chunk)
+        elif end > len(self._buffer):
+            raise _TornRead(f"GetObject: more than the {len(self._buffer)} bytes promised")
+        else:
+            self._view[self.size:end] = chunk
+        self.size = end
+
+    def result(self) -> bytes | bytearray:
+        if self._buffer is not None:
+            self._view.release()  # a bytearray with a view exported cannot be resized by its owner
+            return self._buffer
+        if self._into_buffer:
+            return bytearray().join(self._chunks)
+        return self._chunks[0] if len(self._chunks) == 1 else b"".join(self._chunks)
 
 
 
@@ -418,47 +457,49 @@ class S3Bucket(Bucket):
         is read again, READ_ATTEMPTS in all: botocore retries failed requests, not bodies cut short,
         and a caller should not have to tell an outage from one bad connection. A sha256 mismatch
         is not retried: it is CorruptObject, an answer."""
+        return await self._get(key, sha256, into_buffer=False)
+
+    async def get_buffer(self, key: str, sha256: str | None = None) -> bytearray:
+        return await self._get(key, sha256, into_buffer=True)
+
+    async def _get(self, key: str, sha256: str | None, into_buffer: bool) -> bytes | bytearray:
         check_key(key)
         for attempt in range(1, self.read_attempts + 1):
             try:
-                return await self._get_once(key, sha256)
+                return await self._get_once(key, sha256, into_buffer)
             except _TornRead as e:
                 if attempt == self.read_attempts:
                     raise BucketError(f"{e} (read {attempt} times)", key=key, uri=self.url(key)) from e.__cause__
                 await asyncio.sleep(0.1 * 2 ** (attempt - 1))
         raise AssertionError("unreachable")
 
-    async def _get_once(self, key: str, sha256: str | None) -> bytes:
+    async def _get_once(self, key: str, sha256: str | None, into_buffer: bool) -> bytes | bytearray:
         resp = await self._open(key)
         body = resp["Body"]
         # aiohttp's readany() hands over each received buffer as is; read(n) would copy to
-        # assemble n-byte pieces and then the final join copies again. This way the bytes are
-        # copied once, exactly like a plain `await body.read()`.
+        # assemble n-byte pieces.
         content = getattr(body.raw_stream, "content", None)
         readany = getattr(content, "readany", None)
-        chunks: list[bytes] = []
-        total = 0
         expected = resp.get("ContentLength")
+        sink = _Body(expected, into_buffer)
         # a big body is hashed by a thread as it arrives, a small one on the loop (StreamingSha256)
         hasher = StreamingSha256(threaded=(expected or 0) >= _STREAM_HASH_BYTES) if sha256 is not None else None
         try:
             async with body:
                 while chunk := await (readany() if readany is not None else body.read(CHUNK_SIZE)):
-                    chunks.append(chunk)
-                    total += len(chunk)
+                    sink.add(chunk)
                     if hasher is not None:
                         hasher.update(chunk)
-            if expected is not None and total != expected:
-                raise _TornRead(f"GetObject: truncated read: {total} of {expected} bytes")
+            if expected is not None and sink.size != expected:
+                raise _TornRead(f"GetObject: truncated read: {sink.size} of {expected} bytes")
         except _TRANSPORT_ERRORS as e:
             raise _TornRead(f"GetObject (reading body): {type(e).__name__}: {e}") from e
         finally:
             if hasher is not None:
                 hasher.close()
         # Join before awaiting the digest: the hash thread still has the last chunks to go when the
-        # final byte lands, and a 34 MiB join (~15 ms, mostly page faults; bytes.join releases the
-        # GIL for big copies) then runs beside it on the other core instead of after it.
-        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        # final byte lands, and a join (bytes.join releases the GIL for big copies) runs beside it.
+        data = sink.result()
         if hasher is not None:
             self._check_digest(key, sha256, await hasher.hexdigest())
         return data
