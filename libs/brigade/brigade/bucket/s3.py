@@ -101,8 +101,6 @@ class _Body:
         return self._chunks[0] if len(self._chunks) == 1 else b"".join(self._chunks)
 
 
-
-
 class S3Bucket(Bucket):
     """`s3://name/prefix`. Options are for tests and tuning; defaults suit AWS and MinIO.
 
