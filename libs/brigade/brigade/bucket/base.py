@@ -12,6 +12,7 @@ import abc
 import asyncio
 import hashlib
 import queue
+import threading
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
@@ -109,6 +110,63 @@ class StreamingSha256:
     async def hexdigest(self) -> str:
         self.close()
         return self._hasher.hexdigest() if self._done is None else await self._done
+
+
+class FillingSha256:
+    """sha256 of a buffer while it is filled from the front (S3Bucket.get_buffer): `update(chunk)`
+    says the chunk was just written after the bytes before it, and a worker thread hashes all that
+    was written since its last pass in one hashlib call. StreamingSha256 makes one call a chunk (a
+    256 KiB chunk from aiohttp), and every call is a round trip between the thread and a busy event
+    loop: on a 34 MiB GET from moto it cost 12-15 ms more CPU and 6-13 % more time than one call a
+    pass (README, Verified GET). The filled part of the buffer is never written again, so the thread
+    reads it while the loop writes further on. Same interface as StreamingSha256; its view of the
+    buffer is released before the digest is handed out, so the caller may resize the buffer."""
+
+    def __init__(self, buffer: bytearray) -> None:
+        self._view = memoryview(buffer)
+        self._hasher = hashlib.sha256()
+        self._filled = 0
+        self._closed = False
+        self._waiting = False
+        self._changed = threading.Condition()
+        self._done = asyncio.get_running_loop().run_in_executor(StreamingSha256._POOL, self._drain)
+
+    def _drain(self) -> str:
+        hashed = 0
+        try:
+            while True:
+                with self._changed:
+                    while self._filled == hashed and not self._closed:
+                        self._waiting = True
+                        self._changed.wait()
+                        self._waiting = False
+                    filled, closed = self._filled, self._closed
+                if filled > hashed:
+                    with self._view[hashed:filled] as span:
+                        self._hasher.update(span)
+                    hashed = filled
+                elif closed:
+                    return self._hasher.hexdigest()
+        finally:
+            self._view.release()
+
+    def _set(self, filled: int | None = None, closed: bool = False) -> None:
+        with self._changed:
+            if filled is not None:
+                self._filled = filled
+            self._closed = self._closed or closed
+            if self._waiting:  # the loop pays for a wakeup only when the thread sleeps
+                self._changed.notify()
+
+    def update(self, chunk: bytes) -> None:
+        self._set(filled=self._filled + len(chunk))
+
+    def close(self) -> None:
+        self._set(closed=True)
+
+    async def hexdigest(self) -> str:
+        self.close()
+        return await self._done
 
 
 # Names the local backend uses for in-progress writes; keys may not collide with them.

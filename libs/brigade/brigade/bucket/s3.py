@@ -24,6 +24,7 @@ from brigade.bucket.base import (
     CHUNK_SIZE,
     Bucket,
     BucketError,
+    FillingSha256,
     ObjectExists,
     ObjectNotFound,
     StreamingSha256,
@@ -78,25 +79,25 @@ class _Body:
         self.size = 0
         self._into_buffer = into_buffer
         self._chunks: list[bytes] = []
-        self._buffer: bytearray | None = None
+        self.buffer: bytearray | None = None
         if into_buffer and length is not None and length <= _PREALLOCATE_MAX:
-            self._buffer = bytearray(length)
-            self._view = memoryview(self._buffer)
+            self.buffer = bytearray(length)
+            self._view = memoryview(self.buffer)
 
     def add(self, chunk: bytes) -> None:
         end = self.size + len(chunk)
-        if self._buffer is None:
+        if self.buffer is None:
             self._chunks.append(chunk)
-        elif end > len(self._buffer):
-            raise _TornRead(f"GetObject: more than the {len(self._buffer)} bytes promised")
+        elif end > len(self.buffer):
+            raise _TornRead(f"GetObject: more than the {len(self.buffer)} bytes promised")
         else:
             self._view[self.size:end] = chunk
         self.size = end
 
     def result(self) -> bytes | bytearray:
-        if self._buffer is not None:
+        if self.buffer is not None:
             self._view.release()  # a bytearray with a view exported cannot be resized by its owner
-            return self._buffer
+            return self.buffer
         if self._into_buffer:
             return bytearray().join(self._chunks)
         return self._chunks[0] if len(self._chunks) == 1 else b"".join(self._chunks)
@@ -481,12 +482,16 @@ class S3Bucket(Bucket):
         readany = getattr(content, "readany", None)
         expected = resp.get("ContentLength")
         sink = _Body(expected, into_buffer)
-        # a big body is hashed by a thread as it arrives, a small one on the loop (StreamingSha256)
-        hasher = StreamingSha256(threaded=(expected or 0) >= _STREAM_HASH_BYTES) if sha256 is not None else None
+        # a big body is hashed by a thread as it arrives (from the buffer it fills, when there is
+        # one), a small one on the loop
+        big = (expected or 0) >= _STREAM_HASH_BYTES
+        hasher: StreamingSha256 | FillingSha256 | None = None
+        if sha256 is not None:
+            hasher = FillingSha256(sink.buffer) if big and sink.buffer is not None else StreamingSha256(threaded=big)
         try:
             async with body:
                 while chunk := await (readany() if readany is not None else body.read(CHUNK_SIZE)):
-                    sink.add(chunk)
+                    sink.add(chunk)  # first: a FillingSha256 hashes what the buffer holds
                     if hasher is not None:
                         hasher.update(chunk)
             if expected is not None and sink.size != expected:
