@@ -5,6 +5,10 @@ and read back through `brigade.bucket` and through plain `put_object` / `get_obj
 `read()` calls, interleaved round by round so both see the same server state and noise.
 Figures are medians; ratios are our time divided by the baseline's (lower is better).
 
+`get_buffer_*` is the verified read into one preallocated buffer (`Bucket.get_buffer`, hashed from
+that buffer as it fills), the read every adapter file takes: `get` returns bytes, so it keeps the
+chunks and joins them after the last one, and hashes chunk by chunk.
+
 Where a verified GET's time goes: `get_unverified_*` is the same library read without the sha256
 check, `sha256_ms` the check alone (the whole object hashed at once, nothing else running), and
 `sha256_hidden` the share of that check the read hides by hashing each chunk on a thread as it
@@ -88,7 +92,7 @@ async def _bench(url: str, rounds: int, server_pid: int | None) -> dict[str, flo
     raw_name, raw_full = bucket.name, f"{bucket.prefix}/{raw_key}" if bucket.prefix else raw_key
 
     times: dict[str, list[float]] = {"put": [], "get": [], "raw_put": [], "raw_get": [], "get_unverified": [],
-                                     "sha256": []}
+                                     "get_buffer": [], "sha256": []}
     cpu: dict[str, list[float]] = {k: [] for k in times}
     server_cpu: dict[str, list[float]] = {k: [] for k in times}
     async with get_session().create_client("s3", endpoint_url=endpoint, config=config) as raw:
@@ -98,6 +102,10 @@ async def _bench(url: str, rounds: int, server_pid: int | None) -> dict[str, flo
 
         async def ours_get() -> None:
             got = await bucket.get(ours_key, sha256=digest)
+            assert len(got) == len(data)
+
+        async def ours_get_buffer() -> None:  # what adapters.read_version does with each file
+            got = await bucket.get_buffer(ours_key, sha256=digest)
             assert len(got) == len(data)
 
         async def ours_get_unverified() -> None:  # the same read without sha256: where the gap is
@@ -123,7 +131,8 @@ async def _bench(url: str, rounds: int, server_pid: int | None) -> dict[str, flo
             for r in range(rounds):
                 # Alternate who goes first so neither side always follows the other's GC.
                 pairs = [("put", ours_put), ("raw_put", raw_put)]
-                gets = [("get", ours_get), ("raw_get", raw_get), ("get_unverified", ours_get_unverified)]
+                gets = [("get", ours_get), ("raw_get", raw_get), ("get_unverified", ours_get_unverified),
+                        ("get_buffer", ours_get_buffer)]
                 if r % 2:
                     pairs.reverse()
                     gets.reverse()
@@ -165,6 +174,9 @@ async def _bench(url: str, rounds: int, server_pid: int | None) -> dict[str, flo
         "raw_get_ms": round(med["raw_get"] * 1e3, 1),
         "put_ratio": round(med["put"] / med["raw_put"], 3),
         "get_ratio": round(med["get"] / med["raw_get"], 3),
+        "get_buffer_ms": round(med["get_buffer"] * 1e3, 1),
+        "get_buffer_ratio": round(med["get_buffer"] / med["raw_get"], 3),
+        "get_buffer_cpu_ms": round(med_cpu["get_buffer"] * 1e3, 1),
         "get_unverified_ms": round(med["get_unverified"] * 1e3, 1),
         "get_unverified_ratio": round(med["get_unverified"] / med["raw_get"], 3),
         "sha256_ms": round(med["sha256"] * 1e3, 1),

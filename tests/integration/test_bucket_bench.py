@@ -28,7 +28,7 @@ def test_process_cpu_counts_this_process_and_not_a_gone_one():
 @pytest.mark.asyncio(loop_scope="session")
 async def test_one_round_reports_the_server_cpu(s3_bucket_url, s3_server):
     out = await bench._bench(s3_bucket_url, rounds=1, server_pid=s3_server.proc.pid)
-    for key in ("put_ratio", "get_ratio", "get_unverified_ratio", "sha256_ms", "raw_get_ms"):
+    for key in ("put_ratio", "get_ratio", "get_buffer_ratio", "get_unverified_ratio", "sha256_ms", "raw_get_ms"):
         assert out[key] > 0
     assert out["raw_get_server_cpu_ms"] >= 0 and 0 < out["raw_get_busy"] <= 1.5   # ticks round up or down
     no_server = await bench._bench(s3_bucket_url, rounds=1, server_pid=None)
