@@ -8,9 +8,9 @@ import asyncio
 import hashlib
 import random
 
-from brigade.bucket.base import FillingSha256, StreamingSha256
+from brigade.bucket.base import HASH_POOL, FillingSha256
 
-POOL_THREADS = StreamingSha256._POOL._max_workers  # noqa: SLF001 - the point is to exceed it
+POOL_THREADS = HASH_POOL._max_workers  # noqa: SLF001 - the point is to exceed it
 
 
 def chunks_of(data: bytes) -> list[bytes]:

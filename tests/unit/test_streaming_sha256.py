@@ -7,11 +7,11 @@ import asyncio
 import hashlib
 import random
 
-from brigade.bucket.base import StreamingSha256
+from brigade.bucket.base import HASH_POOL, StreamingSha256
 
 
 async def test_interleaved_reads_beyond_the_pool_get_their_own_digests():
-    n = StreamingSha256._POOL._max_workers * 3  # noqa: SLF001 - the point is to exceed it
+    n = HASH_POOL._max_workers * 3  # noqa: SLF001 - the point is to exceed it
     bodies = [[random.randbytes(random.randint(0, 300_000)) for _ in range(20)] for _ in range(n)]
     hashers = [StreamingSha256() for _ in range(n)]
     for step in range(20):  # every read gets a chunk in turn, as concurrent downloads would
@@ -23,7 +23,7 @@ async def test_interleaved_reads_beyond_the_pool_get_their_own_digests():
 
 
 async def test_a_failed_read_frees_its_thread():
-    hashers = [StreamingSha256() for _ in range(StreamingSha256._POOL._max_workers * 2)]  # noqa: SLF001
+    hashers = [StreamingSha256() for _ in range(HASH_POOL._max_workers * 2)]  # noqa: SLF001
     for hasher in hashers:
         hasher.update(b"half a body")
         hasher.close()  # what a torn read does; twice is fine
