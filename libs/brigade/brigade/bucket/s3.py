@@ -24,16 +24,15 @@ from brigade.bucket.base import (
     CHUNK_SIZE,
     Bucket,
     BucketError,
-    FillingSha256,
     ObjectExists,
     ObjectNotFound,
-    StreamingSha256,
     check_key,
     check_prefix,
     sha256_hex,
     sha256_hex_async,
     start_sha256,
 )
+from brigade.bucket.s3_body import Body, TornRead
 from brigade.bucket.s3_protocol import (
     CONFLICT_RETRIES,
     NO_BUCKET_CODES,
@@ -56,51 +55,6 @@ MiB = 1 << 20
 _TRANSPORT_ERRORS = (BotoCoreError, aiohttp.ClientError, asyncio.TimeoutError, OSError)
 
 READ_ATTEMPTS = 3  # reads of one object, when a body arrives cut short
-_STREAM_HASH_BYTES = 1 << 20  # bodies at least this big are hashed by a thread as they arrive
-# get_buffer allocates the promised length up front up to this; a bigger claim is taken on trust
-# only as far as the bytes that actually arrive
-_PREALLOCATE_MAX = 1 << 30
-
-
-class _TornRead(Exception):
-    """A GET whose body arrived incomplete; `get` reads again, then raises BucketError."""
-
-
-class _Body:
-    """Where a GET's chunks go. For `get`, a list joined into bytes after the last one. For
-    `get_buffer` with a known length, one bytearray each chunk is copied into on arrival, so the
-    chunk is freed at once: aiohttp's next receive buffers reuse its memory, still in cache, where
-    the list grows the heap by the whole object (one page fault per 4 KiB) before a join copies it
-    all again. Measured with 4 concurrent 32 MiB reads against moto: 8,200 page faults a read into
-    the bytearray against 11,000 through the list, and 20-57 ms less CPU and 29-62 ms less time a
-    round (README, Adapter sync)."""
-
-    def __init__(self, length: int | None, into_buffer: bool) -> None:
-        self.size = 0
-        self._into_buffer = into_buffer
-        self._chunks: list[bytes] = []
-        self.buffer: bytearray | None = None
-        if into_buffer and length is not None and length <= _PREALLOCATE_MAX:
-            self.buffer = bytearray(length)
-            self._view = memoryview(self.buffer)
-
-    def add(self, chunk: bytes) -> None:
-        end = self.size + len(chunk)
-        if self.buffer is None:
-            self._chunks.append(chunk)
-        elif end > len(self.buffer):
-            raise _TornRead(f"GetObject: more than the {len(self.buffer)} bytes promised")
-        else:
-            self._view[self.size:end] = chunk
-        self.size = end
-
-    def result(self) -> bytes | bytearray:
-        if self.buffer is not None:
-            self._view.release()  # a bytearray with a view exported cannot be resized by its owner
-            return self.buffer
-        if self._into_buffer:
-            return bytearray().join(self._chunks)
-        return self._chunks[0] if len(self._chunks) == 1 else b"".join(self._chunks)
 
 
 class S3Bucket(Bucket):
@@ -448,7 +402,7 @@ class S3Bucket(Bucket):
             return await s3.get_object(Bucket=self.name, Key=self._full(key))
         except aiohttp.ClientPayloadError as e:
             # the body of a small object is read inside get_object; cut short, it lands here
-            raise _TornRead(f"GetObject: {type(e).__name__}: {e}") from e
+            raise TornRead(f"GetObject: {type(e).__name__}: {e}") from e
         except (ClientError, *_TRANSPORT_ERRORS) as e:
             raise self._error(e, key, "GetObject") from e
 
@@ -467,7 +421,7 @@ class S3Bucket(Bucket):
         for attempt in range(1, self.read_attempts + 1):
             try:
                 return await self._get_once(key, sha256, into_buffer)
-            except _TornRead as e:
+            except TornRead as e:
                 if attempt == self.read_attempts:
                     raise BucketError(f"{e} (read {attempt} times)", key=key, uri=self.url(key)) from e.__cause__
                 await asyncio.sleep(0.1 * 2 ** (attempt - 1))
@@ -481,38 +435,29 @@ class S3Bucket(Bucket):
         content = getattr(body.raw_stream, "content", None)
         readany = getattr(content, "readany", None)
         expected = resp.get("ContentLength")
-        sink = _Body(expected, into_buffer)
-        # a big body is hashed by a thread as it arrives (from the buffer it fills, when there is
-        # one), a small one on the loop
-        big = (expected or 0) >= _STREAM_HASH_BYTES
-        hasher: StreamingSha256 | FillingSha256 | None = None
-        if sha256 is not None:
-            hasher = FillingSha256(sink.buffer) if big and sink.buffer is not None else StreamingSha256(threaded=big)
+        sink = Body(expected, into_buffer, verify=sha256 is not None)
         try:
             async with body:
                 while chunk := await (readany() if readany is not None else body.read(CHUNK_SIZE)):
-                    sink.add(chunk)  # first: a FillingSha256 hashes what the buffer holds
-                    if hasher is not None:
-                        hasher.update(chunk)
+                    sink.add(chunk)
             if expected is not None and sink.size != expected:
-                raise _TornRead(f"GetObject: truncated read: {sink.size} of {expected} bytes")
+                raise TornRead(f"GetObject: truncated read: {sink.size} of {expected} bytes")
         except _TRANSPORT_ERRORS as e:
-            raise _TornRead(f"GetObject (reading body): {type(e).__name__}: {e}") from e
+            raise TornRead(f"GetObject (reading body): {type(e).__name__}: {e}") from e
         finally:
-            if hasher is not None:
-                hasher.close()
+            sink.close()
         # Join before awaiting the digest: the hash thread still has the last chunks to go when the
         # final byte lands, and a join (bytes.join releases the GIL for big copies) runs beside it.
         data = sink.result()
-        if hasher is not None:
-            self._check_digest(key, sha256, await hasher.hexdigest())
+        if sha256 is not None:
+            self._check_digest(key, sha256, await sink.hexdigest())
         return data
 
     async def stream(self, key: str, chunk_size: int = CHUNK_SIZE) -> AsyncIterator[bytes]:
         check_key(key)
         try:
             body = (await self._open(key))["Body"]
-        except _TornRead as e:  # streams are read once: chunks already handed over cannot be taken back
+        except TornRead as e:  # streams are read once: chunks already handed over cannot be taken back
             raise BucketError(str(e), key=key, uri=self.url(key)) from e.__cause__
         try:
             async with body:
