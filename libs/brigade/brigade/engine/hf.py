@@ -1,10 +1,9 @@
 """The `hf` engine (its interface is `brigade.engine.base`).
 
 `hf` is transformers' `generate` on the PEFT model (CPU or GPU). Its behaviour log-probs are those
-of the distribution actually sampled: temperature, top-k and top-p run as our own logits processors
-(HF's built-in warpers are switched off), a recorder at the end of the chain keeps the processed
-scores, and a stopping criterion gathers the sampled token's log-prob from them once per token. That
-costs O(rows) memory per step instead of `output_scores`' O(rows x vocab), and the same per-token
+of the distribution actually sampled: temperature, top-k and top-p run in our own logits processor
+(HF's built-in warpers are switched off), which keeps the processed scores, and a stopping
+criterion gathers the sampled token's log-prob from them once per token. That costs O(rows) memory per step instead of `output_scores`' O(rows x vocab), and the same per-token
 hook checks the stop flag, so a revoked lease stops within one token. Position ids are passed
 explicitly from the attention mask, exactly as `brigade.model.completion_logprobs` computes them,
 so left padding never shifts positions whatever the model class does on its own.
@@ -30,12 +29,19 @@ from brigade.v1 import brigade_pb2 as pb
 # ---------------------------------------------------------------- hf
 
 
-class _Recorder(LogitsProcessor):
-    """Last in the chain: keeps a reference to the processed scores the sampler is about to use."""
+class _Warp(LogitsProcessor):
+    """The run's temperature, top-k and top-p in one processor, keeping a reference to the processed
+    scores the sampler is about to use. One, not one each plus a recorder: transformers reads every
+    processor's signature on every token (`inspect.signature`, tens of microseconds each)."""
 
     scores: torch.Tensor | None = None
 
+    def __init__(self, sampling: pb.SamplingSpec):
+        self.warpers = sampling_processors(sampling)
+
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        for warp in self.warpers:
+            scores = warp(input_ids, scores)
         self.scores = scores
         return scores
 
@@ -44,14 +50,14 @@ class _Tap(StoppingCriteria):
     """Called once per generated token, after sampling: logs the sampled token's log-prob under the
     recorded distribution, and stops every row when `should_stop` says so."""
 
-    def __init__(self, recorder: _Recorder, should_stop: StopFn):
-        self.recorder, self.should_stop = recorder, should_stop
+    def __init__(self, warp: _Warp, should_stop: StopFn):
+        self.warp, self.should_stop = warp, should_stop
         self.logprobs: list[torch.Tensor] = []
         self.stopped = False
         self._answer: dict[bool, torch.Tensor] = {}  # generate only reads it: allocate once, not per token
 
     def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
-        s = self.recorder.scores
+        s = self.warp.scores
         tok = input_ids[:, -1:]
         self.logprobs.append((s.gather(-1, tok) - torch.logsumexp(s, -1, keepdim=True)).squeeze(-1))
         self.stopped = self.should_stop()
@@ -140,8 +146,8 @@ class HFEngine:
         tok = self.tokenizer
         enc = left_padded([p for _, p in rows], tok.pad_token_id, self.device)
         mask = enc["attention_mask"]
-        recorder = _Recorder()
-        tap = _Tap(recorder, should_stop)
+        warp = _Warp(sampling)
+        tap = _Tap(warp, should_stop)
         # temperature/top-k/top-p are off here and applied by our processors instead
         config = GenerationConfig(
             do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=sampling.max_new_tokens,
@@ -154,7 +160,7 @@ class HFEngine:
             seqs = self.model.generate(
                 input_ids=enc["input_ids"], attention_mask=mask, position_ids=position_ids(mask),
                 generation_config=config,
-                logits_processor=LogitsProcessorList([*sampling_processors(sampling), recorder]),
+                logits_processor=LogitsProcessorList([warp]),
                 stopping_criteria=[tap],
             )
         if tap.stopped:
