@@ -3,10 +3,11 @@
 `hf` is transformers' `generate` on the PEFT model (CPU or GPU). Its behaviour log-probs are those
 of the distribution actually sampled: temperature, top-k and top-p run in our own logits processor
 (HF's built-in warpers are switched off), which keeps the processed scores, and a stopping
-criterion gathers the sampled token's log-prob from them once per token. That costs O(rows) memory per step instead of `output_scores`' O(rows x vocab), and the same per-token
-hook checks the stop flag, so a revoked lease stops within one token. Position ids are passed
-explicitly from the attention mask, exactly as `brigade.model.completion_logprobs` computes them,
-so left padding never shifts positions whatever the model class does on its own.
+criterion gathers the sampled token's log-prob from them once per token. That costs O(rows) memory
+per step instead of `output_scores`' O(rows x vocab), and the same per-token hook checks the stop
+flag, so a revoked lease stops within one token. Position ids are passed explicitly from the
+attention mask, exactly as `brigade.model.completion_logprobs` computes them, so left padding never
+shifts positions whatever the model class does on its own.
 
 `vllm` (engine/vllm.py) is the GPU production engine.
 """
@@ -148,7 +149,7 @@ class HFEngine:
         mask = enc["attention_mask"]
         warp = _Warp(sampling)
         tap = _Tap(warp, should_stop)
-        # temperature/top-k/top-p are off here and applied by our processors instead
+        # temperature/top-k/top-p are off here and applied by our processor instead
         config = GenerationConfig(
             do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=sampling.max_new_tokens,
             pad_token_id=tok.pad_token_id, eos_token_id=self.eos_ids, bos_token_id=tok.bos_token_id,
