@@ -82,6 +82,27 @@ def _with_cores(key: str, cores: str, floor: str, floor_cores: str) -> Callable[
     return shown
 
 
+CARRIED = 0.95  # a p99 "at 1000 cycles/s" stands only where its phase carried this share of that rate
+
+
+def _carried(key: str, rate: str) -> Callable[[dict], float]:
+    """A paced phase's p99, judged only where the phase carried the target rate: a machine that could
+    not keep up (its clients fell behind their schedule) measured that p99 at a lower rate, which says
+    nothing of the target's, so it is a miss (inf). Results from before the rate was kept: the p99."""
+    def value(r: dict) -> float:
+        return math.inf if rate in r and r[rate] < CARRIED * r["target_cycles_per_s"] else r[key]
+    return value
+
+
+def _or_short(shown: Callable[[dict], str], rate: str) -> Callable[[dict], str]:
+    """`shown`, and the rate the phase carried where it fell short of the target's (see `_carried`)."""
+    def text(r: dict) -> str:
+        if rate in r and r[rate] < CARRIED * r["target_cycles_per_s"]:
+            return f"{shown(r)}; carried only {r[rate]:.0f} of the {r['target_cycles_per_s']} cycles/s"
+        return shown(r)
+    return text
+
+
 def _pct(key: str) -> Callable[[dict], str]:
     return lambda r: f"{100 * r[key]:.1f} %"
 
@@ -121,19 +142,23 @@ TARGETS: list[Target] = [
     Target("proxy", "AcquireLease p99 at 1000 cycles/s (two calls a cycle); beside it, the cores the proxy, the "
            "load clients and Redis used together in that phase, and the same clients' p99 and cores against a gRPC "
            "server that does no work",
-           _with_cores("acquire_p99_ms", "phase_cores", "floor_acquire_p99_ms", "floor_phase_cores"),
-           lambda r: f"<= {r['target_acquire_p99_ms']} ms", _key("acquire_p99_ms"), _key("target_acquire_p99_ms")),
+           _or_short(_with_cores("acquire_p99_ms", "phase_cores", "floor_acquire_p99_ms", "floor_phase_cores"),
+                     "paced_cycles_per_s"),
+           lambda r: f"<= {r['target_acquire_p99_ms']} ms", _carried("acquire_p99_ms", "paced_cycles_per_s"),
+           _key("target_acquire_p99_ms")),
     # the worker's cycle: CompleteLease with `next` hands in a batch and takes the next lease
     Target("proxy", "lease cycles per second, one call a cycle (closed loop)", _f("one_call_cycles_per_s", "{:.0f}"),
            lambda r: f">= {r['target_cycles_per_s']}", _key("one_call_cycles_per_s"), _key("target_cycles_per_s"),
            higher=True),
     Target("proxy", "CompleteLease-with-next p99 at 1000 cycles/s (one call a cycle), one process; beside it, "
            "the same clients' p99 against a gRPC server that does no work, that minute",
-           _with_floor("one_call_p99_ms", "floor_one_call_p99_ms"), lambda r: f"<= {r['target_acquire_p99_ms']} ms",
-           _key("one_call_p99_ms"), _key("target_acquire_p99_ms")),
+           _or_short(_with_floor("one_call_p99_ms", "floor_one_call_p99_ms"), "one_call_paced_cycles_per_s"),
+           lambda r: f"<= {r['target_acquire_p99_ms']} ms", _carried("one_call_p99_ms", "one_call_paced_cycles_per_s"),
+           _key("target_acquire_p99_ms")),
     Target("proxy", "CompleteLease-with-next p99 at 1000 cycles/s (one call a cycle), `--processes 2`",
-           _f("one_call_processes_p99_ms", "{:.1f} ms"), lambda r: f"<= {r['target_acquire_p99_ms']} ms",
-           _key("one_call_processes_p99_ms"), _key("target_acquire_p99_ms")),
+           _or_short(_f("one_call_processes_p99_ms", "{:.1f} ms"), "one_call_processes_paced_cycles_per_s"),
+           lambda r: f"<= {r['target_acquire_p99_ms']} ms",
+           _carried("one_call_processes_p99_ms", "one_call_processes_paced_cycles_per_s"), _key("target_acquire_p99_ms")),
     # libs/brigade/brigade/resp.py, a hand-written Redis client, is kept only while it pays
     Target("proxy", "lease cycles/s, pipelining client / plain redis-py (the same proxy cycle)",
            lambda r: f"{r['lease_cycles_per_s'] / r['redis_py_cycles_per_s']:.2f}x", _const(">= 1.10x"),
@@ -475,8 +500,9 @@ def proxy_notes(r: dict) -> str:
     floor = (f"Against a gRPC server that does no work, the same clients at the same rate used {r['floor_phase_cores']:g} "
              f"cores (the server {r['floor_cpu_ms_per_two_call_cycle']:g} ms a cycle: gRPC alone), with a p99 of "
              f"{r['floor_acquire_p99_ms']:g} ms. ") if "floor_phase_cores" in r else ""
+    carried = f" ({r['paced_cycles_per_s']:g} carried)" if "paced_cycles_per_s" in r else ""
     return (
-        "At 1000 cycles/s with two calls a cycle (AcquireLease, then CompleteLease) the proxy spent "
+        f"At 1000 cycles/s offered{carried} with two calls a cycle (AcquireLease, then CompleteLease) the proxy spent "
         f"{r['proxy_cpu_ms_per_cycle']:g} ms of CPU a cycle, the load clients {r['clients_cpu_ms_per_cycle']:g} ms and "
         f"Redis {r['redis_cpu_ms_per_cycle']:g} ms: together {r['phase_cores']:g} cores of this machine's "
         f"{os.cpu_count()}, which was {100 * r['machine_busy']:.0f} % busy over the phase"

@@ -134,3 +134,20 @@ def test_the_two_call_p99_is_shown_with_the_cores_its_phase_used():
     assert "busy over the phase (no call over 25 ms)" in quiet and "nan" not in quiet
     assert "used 1.2 cores (the server 0.64 ms a cycle: gRPC alone), with a p99 of 1.7 ms" in quiet
     assert report.proxy_notes({"acquire_p99_ms": 9.0}) == ""
+    assert "At 1000 cycles/s offered (757 carried) with two calls" in report.proxy_notes(
+        {**figures, "paced_cycles_per_s": 757.0})
+
+
+def test_a_p99_stands_only_where_its_phase_carried_the_rate():
+    """A machine that could not keep up measured its p99 at a lower rate: a miss, whatever the p99."""
+    runs = _runs({"acquire_p99_ms": 12.0, "paced_cycles_per_s": 998.0, "one_call_p99_ms": 8.0,
+                  "one_call_paced_cycles_per_s": 999.0, "target_acquire_p99_ms": 25.0, "target_cycles_per_s": 1000},
+                 {"acquire_p99_ms": 11.0, "paced_cycles_per_s": 757.0, "one_call_p99_ms": 9.0,
+                  "one_call_paced_cycles_per_s": 955.0, "target_acquire_p99_ms": 25.0, "target_cycles_per_s": 1000})
+    rows = report.evaluate({"proxy": runs})
+    two = next(r for r in rows if r.what.startswith("AcquireLease p99"))
+    assert two.status == "miss" and two.worst_run.startswith("run 2")
+    assert two.measured.startswith("11.0 ms; carried only 757 of the 1000 cycles/s (median ")
+    one = next(r for r in rows if "one process" in r.what)  # 955 of 1000 is within the 95 % it takes
+    assert one.status == "pass" and "carried" not in one.measured
+    assert next(r for r in report.evaluate({"proxy": runs[:1]}) if r.what.startswith("AcquireLease p99")).status == "pass"
