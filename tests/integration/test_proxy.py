@@ -140,8 +140,8 @@ async def test_full_cycle(client):
 
 async def test_complete_lease_acquires_the_next_in_the_same_call(client):
     """The worker's cycle in one call: CompleteLease with `next` completes, then answers exactly as
-    AcquireLease would; a retry completes as a duplicate and acquires again; a refused completion or
-    a foreign `next` acquires nothing."""
+    AcquireLease would; a retry completes as a duplicate and acquires again; a refused completion, a
+    foreign `next` or one AcquireLease would refuse completes and acquires nothing."""
     run = await create(client, n_prompts=8, prompts_per_batch=2, staleness={"max_staleness": 10})  # no admission wait
     lease = await acquire(client, run)
     ask = pb.AcquireLeaseRequest(run_id=run, worker_id="w1", capacity_class="spot", engine="hf")
@@ -166,6 +166,12 @@ async def test_complete_lease_acquires_the_next_in_the_same_call(client):
     got, details = await code_of(client.lease.CompleteLease(foreign))
     assert got == grpc.StatusCode.INVALID_ARGUMENT and "next" in details
     assert await leases_held(client, run) == held                      # refused before completing anything
+    bad_next = pb.CompleteLeaseRequest(run_id=run, lease_id=third.lease_id, worker_id="w1",
+                                       manifest=manifest_for(run, third, "w1"),
+                                       next=pb.AcquireLeaseRequest(run_id=run, worker_id="w1", price_per_hour=-1))
+    got, details = await code_of(client.lease.CompleteLease(bad_next))
+    assert got == grpc.StatusCode.INVALID_ARGUMENT and "price_per_hour" in details
+    assert await leases_held(client, run) == held                      # both checked before either is written
     unknown = pb.CompleteLeaseRequest(run_id=run, lease_id="1-0", worker_id="w1",
                                       manifest=manifest_for(run, third, "w1"), next=ask)
     got, _ = await code_of(client.lease.CompleteLease(unknown))

@@ -10,8 +10,10 @@ import redis.asyncio as aioredis
 from brigade import keys
 from brigade.store.scripts import CONSTANTS, Declaration, Script, read_source, script_names
 
+COMPOSED = {"complete_acquire": ("complete", "acquire")}  # scripts made of others (-- PARTS:)
 EXPECTED = {"ack", "acquire", "compact", "complete", "contribute", "create_run", "expire", "fail", "heartbeat",
-            "lock_release", "lock_renew", "prune_consumers", "publish", "register_run", "remove_stale", "revoke"}
+            "lock_release", "lock_renew", "prune_consumers", "publish", "register_run", "remove_stale", "revoke",
+            *COMPOSED}
 GLOBAL_KEY_SCRIPTS = {"lock_release", "lock_renew", "register_run"}  # one global key each, no run's keys
 
 
@@ -24,7 +26,7 @@ def test_every_script_is_found():
     assert set(script_names()) == EXPECTED
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED))
+@pytest.mark.parametrize("name", sorted(EXPECTED - set(COMPOSED)))
 def test_every_script_declares_what_it_uses(name):
     own = read_source(name)
     d = Declaration.parse(name, own)
@@ -47,7 +49,7 @@ def test_no_script_mixes_a_global_key_with_a_runs_keys():
     """On Redis Cluster a script may touch one hash slot only: a run's keys share one (the {run}
     tag), a global key has its own, so a script declares either one global key or only run keys."""
     run_keys = {n for n in dir(keys.RunKeys) if isinstance(getattr(keys.RunKeys, n), property)} - {"prefix"}
-    for name in EXPECTED:
+    for name in EXPECTED - set(COMPOSED):
         declared = set(Declaration.parse(name, read_source(name)).keys)
         if name in GLOBAL_KEY_SCRIPTS:
             assert len(declared) == 1 and not declared & run_keys, (name, declared)
@@ -61,6 +63,25 @@ def test_loaded_source_binds_names_constants_and_common():
     assert "local K = {work = KEYS[1], rollouts = KEYS[2]," in s.source
     assert "local function requeue(" in s.source and s.source.endswith(read_source("acquire"))
     assert all(f"local {c} = " in s.source for c in CONSTANTS)
+
+
+def test_a_composed_script_is_its_parts_as_functions_over_the_union_of_their_names():
+    s, parts = _script("complete_acquire"), [Declaration.parse(p, read_source(p)) for p in COMPOSED["complete_acquire"]]
+    union_keys = [k for i, d in enumerate(parts) for k in d.keys if all(k not in e.keys for e in parts[:i])]
+    assert list(s.declaration.keys) == union_keys and "worker" in parts[0].args and "worker" in parts[1].args
+    assert s.declaration.args.count("worker") == 1  # one value for both parts
+    assert "local function complete()\n" in s.source and "local function acquire()\n" in s.source
+    assert s.source.startswith("#!lua\n") and s.source.endswith(read_source("complete_acquire"))
+    assert not re.search(r"\b[KA]\.", read_source("complete_acquire"))  # its own body only calls the parts
+
+
+@pytest.mark.parametrize("parts, error", [
+    ({"x": "-- KEYS: a\n-- ARGV: ids...\n"}, "variadic"),
+    ({"x": "-- KEYS: a\n", "y": "-- ARGV: a\n"}, "a key in one part and an argument in another"),
+])
+def test_parts_that_cannot_share_a_call(parts, error):
+    with pytest.raises(ValueError, match=error):
+        Declaration.union("t", {n: Declaration.parse(n, src) for n, src in parts.items()})
 
 
 def test_call_by_name_binds_in_declared_order():

@@ -20,7 +20,7 @@ from brigade.store.checks import (
     require_manifest,
 )
 from brigade.store.runs import RunInfo, Runs, require_topology
-from brigade.store.scripts import Scripts, text
+from brigade.store.scripts import Scripts, text, unwrap
 from brigade.v1 import brigade_pb2 as pb
 
 
@@ -50,6 +50,12 @@ def bare_adapter_uri(run: str, version: int) -> str:
     return keys.adapter_prefix(run, version)
 
 
+def _completion(reply: list) -> Completion:
+    """complete.lua's reply: {'completed', delivery id} | {'duplicate'}."""
+    outcome, *values = reply
+    return Completion(True) if text(outcome) == "duplicate" else Completion(False, text(values[0]))
+
+
 def _retry_after_ms(reason: str, over: int, info: RunInfo) -> int:
     if reason == "finished":
         return 5_000
@@ -68,32 +74,8 @@ class Leases:
                       adapter_uri: Callable[[str, int], str] = bare_adapter_uri) -> pb.AcquireLeaseResponse:
         """A lease on the next batch, ready to send: its prompts, seed, adapter and deadline.
         `adapter_uri(run, version)` says where the adapter folder lives (the proxy knows the bucket)."""
-        check_id("run_id", run)
-        check_id("worker_id", worker)
-        info = info or pb.WorkerInfo()
-        check_worker_info(info)
-        ri = await self.runs.get(run)
-        await self.runs.load_prompts(ri)  # before granting: a lease is never handed out without its batch
-        spec = ri.spec
-        outcome, *values = await self.scripts.acquire(
-            ri.keys, worker=worker, lease_prefix=ri.lease_prefix, lease_ms=ri.lease_ms,
-            batches_per_epoch=ri.batches_per_epoch, total_batches=ri.total_batches, capacity=ri.capacity,
-            batches_per_step=max(1, spec.batches_per_step), sync=int(spec.sync), max_steps=spec.max_steps, run=run,
-            worker_info=info.SerializeToString(), lease_ttl_ms=ri.lease_ttl_ms,
-            max_workers=MAX_WORKERS_PER_RUN)
-        reason = text(outcome)
-        if reason != "granted":
-            return pb.AcquireLeaseResponse(granted=False, reason=reason,
-                                           retry_after_ms=_retry_after_ms(reason, int(values[0]), ri))
-        lease_id, batch_id = text(values[0]), text(values[1])
-        attempt, version, deadline_ms = int(values[2]), int(values[3]), int(values[4])
-        epoch = keys.parse_batch_id(batch_id)[1]
-        if not ri.has_permutation(epoch):  # a new epoch: shuffling a million prompts takes 0.5 s, off the loop
-            await asyncio.to_thread(ri.permutation, epoch)
-        return pb.AcquireLeaseResponse(granted=True, lease=pb.Lease(
-            lease_id=lease_id, run_id=run, batch=ri.batch(batch_id), adapter_version=version,
-            adapter_uri=adapter_uri(run, version), seed=keys.batch_seed(run, batch_id, attempt),
-            attempt=attempt, deadline_ms=deadline_ms, lease_seconds=ri.lease_ms // 1000))
+        ri, values = await self._acquire_args(run, worker, info)
+        return await self._lease(ri, await self.scripts.acquire(ri.keys, **values), adapter_uri)
 
     async def heartbeat(self, run: str, lease_id: str, worker: str) -> Beat:
         check_lease_ref(run, lease_id, worker)
@@ -104,17 +86,65 @@ class Leases:
         return Beat(text(status), text(message), int(deadline), int(latest))
 
     async def complete(self, run: str, lease_id: str, worker: str, manifest: pb.RolloutManifest | None) -> Completion:
+        ri, values = await self._complete_args(run, lease_id, worker, manifest)
+        return _completion(await self.scripts.complete(ri.keys, **values))
+
+    async def complete_and_acquire(
+            self, run: str, lease_id: str, worker: str, manifest: pb.RolloutManifest | None,
+            info: pb.WorkerInfo | None = None, *, adapter_uri: Callable[[str, int], str] = bare_adapter_uri,
+    ) -> tuple[Completion, pb.AcquireLeaseResponse]:
+        """`complete`, then `acquire` for the same worker, in one script: a worker's whole lease cycle
+        is one Redis call. Both are checked before anything is written; a refused completion grants
+        nothing. A refused grant (StoreError) is raised after the completion has landed, as it was
+        when they were two calls: the worker's retry of the completion is a duplicate."""
+        ri, done = await self._complete_args(run, lease_id, worker, manifest)
+        _, grant = await self._acquire_args(run, worker, info)
+        completed, acquired = await self.scripts.complete_acquire(ri.keys, **(done | grant))  # `worker` in both
+        completion = _completion(unwrap("complete", completed))
+        return completion, await self._lease(ri, unwrap("acquire", acquired), adapter_uri)
+
+    async def _acquire_args(self, run: str, worker: str, info: pb.WorkerInfo | None) -> tuple[RunInfo, dict]:
+        check_id("run_id", run)
+        check_id("worker_id", worker)
+        info = info or pb.WorkerInfo()
+        check_worker_info(info)
+        ri = await self.runs.get(run)
+        await self.runs.load_prompts(ri)  # before granting: a lease is never handed out without its batch
+        spec = ri.spec
+        return ri, dict(
+            worker=worker, lease_prefix=ri.lease_prefix, lease_ms=ri.lease_ms,
+            batches_per_epoch=ri.batches_per_epoch, total_batches=ri.total_batches, capacity=ri.capacity,
+            batches_per_step=max(1, spec.batches_per_step), sync=int(spec.sync), max_steps=spec.max_steps, run=run,
+            worker_info=info.SerializeToString(), lease_ttl_ms=ri.lease_ttl_ms, max_workers=MAX_WORKERS_PER_RUN)
+
+    async def _lease(self, ri: RunInfo, reply: list, adapter_uri: Callable[[str, int], str]) -> pb.AcquireLeaseResponse:
+        """The answer to a worker from acquire.lua's reply."""
+        outcome, *values = reply
+        reason = text(outcome)
+        if reason != "granted":
+            return pb.AcquireLeaseResponse(granted=False, reason=reason,
+                                           retry_after_ms=_retry_after_ms(reason, int(values[0]), ri))
+        lease_id, batch_id = text(values[0]), text(values[1])
+        attempt, version, deadline_ms = int(values[2]), int(values[3]), int(values[4])
+        epoch = keys.parse_batch_id(batch_id)[1]
+        if not ri.has_permutation(epoch):  # a new epoch: shuffling a million prompts takes 0.5 s, off the loop
+            await asyncio.to_thread(ri.permutation, epoch)
+        run = ri.run
+        return pb.AcquireLeaseResponse(granted=True, lease=pb.Lease(
+            lease_id=lease_id, run_id=run, batch=ri.batch(batch_id), adapter_version=version,
+            adapter_uri=adapter_uri(run, version), seed=keys.batch_seed(run, batch_id, attempt),
+            attempt=attempt, deadline_ms=deadline_ms, lease_seconds=ri.lease_ms // 1000))
+
+    async def _complete_args(self, run: str, lease_id: str, worker: str,
+                             manifest: pb.RolloutManifest | None) -> tuple[RunInfo, dict]:
         check_lease_ref(run, lease_id, worker)
         require_manifest(manifest)
         ri = await self.runs.get(run)
         require_topology(ri, "central", "CompleteLease")
         check_rollout_manifest(run, manifest)
-        outcome, *values = await self.scripts.complete(
-            ri.keys, lease=ri.keys.lease(lease_id), lease_id=lease_id, worker=worker, batch=manifest.batch_id,
-            attempt=manifest.attempt, policy_version=manifest.policy_version, manifest=manifest.SerializeToString())
-        if text(outcome) == "duplicate":
-            return Completion(True)
-        return Completion(False, text(values[0]))
+        return ri, dict(lease=ri.keys.lease(lease_id), lease_id=lease_id, worker=worker, batch=manifest.batch_id,
+                        attempt=manifest.attempt, policy_version=manifest.policy_version,
+                        manifest=manifest.SerializeToString())
 
     async def submit(self, run: str, trainer: str, lease_ids: list[str],
                      manifest: pb.ContributionManifest | None) -> Completion:

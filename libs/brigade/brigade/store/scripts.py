@@ -6,7 +6,11 @@ Each script file declares its keys and arguments in its header:
     -- ARGV: worker lease_ms ids...
 
 (several `-- ARGV:` lines add up; a last name ending in `...` takes the rest of ARGV as a list).
-A script that must run when Redis is full also says `-- FLAGS: allow-oom`.
+A script that must run when Redis is full also says `-- FLAGS: allow-oom`. A script may instead be
+made of others, `-- PARTS: complete acquire`: each part becomes a Lua function of that name, the
+script takes the union of their names (a name two parts declare is one value and must mean the same
+to both) and their flags (which must agree), and its own body calls them. One EVALSHA instead of
+one per part: what a call costs the proxy and Redis besides the commands is paid once.
 The loader prepends generated Lua that binds them by name, `K.work`, `A.worker`, `A.ids`, the
 constants below, and `common.lua`. Callers pass every name as a keyword argument; a key named
 like a `RunKeys` property (work, events, stats...) may instead come from the run's keys, passed
@@ -54,6 +58,7 @@ CONSTANTS = {
 
 _HEADER = re.compile(r"^-- (KEYS|ARGV):(.*)$", re.MULTILINE)
 _FLAGS = re.compile(r"^-- FLAGS:(.*)$", re.MULTILINE)
+_PARTS = re.compile(r"^-- PARTS:(.*)$", re.MULTILINE)
 SCRIPT_FLAGS = {"allow-oom"}
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
@@ -92,6 +97,17 @@ class Declaration:
         if len(set(every)) != len(every):
             raise ValueError(f"{name}.lua: a name is declared twice in {every}")
         return cls(tuple(ks), tuple(args), rest)
+
+    @classmethod
+    def union(cls, name: str, parts: dict[str, Declaration]) -> Declaration:
+        """The names of a script made of `parts`, each once, in the order the parts declare them."""
+        if any(d.rest for d in parts.values()):
+            raise ValueError(f"{name}.lua: a part with a variadic ARGV tail cannot share a call")
+        ks = tuple(dict.fromkeys(k for d in parts.values() for k in d.keys))
+        args = tuple(dict.fromkeys(a for d in parts.values() for a in d.args))
+        if both := set(ks) & set(args):
+            raise ValueError(f"{name}.lua: {sorted(both)} is a key in one part and an argument in another")
+        return cls(ks, args)
 
     def prelude(self) -> str:
         """Lua binding every declared name: K.<key>, A.<arg>, A.<rest> (a list)."""
@@ -136,6 +152,13 @@ def _run_key_values(names: tuple[str, ...], run_keys: keys.RunKeys) -> dict[str,
     return {n: getattr(run_keys, n) for n in names}
 
 
+def _flags(name: str, source: str) -> tuple[str, ...]:
+    flags = tuple(f for line in _FLAGS.findall(source) for f in line.split())
+    if set(flags) - SCRIPT_FLAGS:
+        raise ValueError(f"{name}.lua: unknown flags {sorted(set(flags) - SCRIPT_FLAGS)}")
+    return flags
+
+
 def read_source(name: str) -> str:
     return resources.files("brigade.store").joinpath("lua", f"{name}.lua").read_text()
 
@@ -178,13 +201,22 @@ class Script:
     def __init__(self, name: str, client: aioredis.Redis, fast: PipelinedRedis | ClusterPipelinedRedis | None):
         own = read_source(name)
         self.name = name
-        self.declaration = Declaration.parse(name, own)
+        parts = {p: read_source(p) for line in _PARTS.findall(own) for p in line.split()}
+        if any(_PARTS.search(source) for source in parts.values()):
+            raise ValueError(f"{name}.lua: a part is made of parts itself")
+        if parts:
+            self.declaration = Declaration.union(name, {p: Declaration.parse(p, s) for p, s in parts.items()})
+            flags = {p: _flags(p, s) for p, s in parts.items()}
+            if len(set(flags.values())) > 1:
+                raise ValueError(f"{name}.lua: its parts' flags differ: {flags}")
+            flags_of_all = next(iter(flags.values()))
+            body = "".join(f"local function {p}()\n{s}\nend\n" for p, s in parts.items()) + own
+        else:
+            self.declaration = Declaration.parse(name, own)
+            flags_of_all, body = _flags(name, own), own
         constants = "".join(f"local {k} = {_lua_literal(v)}\n" for k, v in CONSTANTS.items())
-        flags = [f for line in _FLAGS.findall(own) for f in line.split()]
-        if set(flags) - SCRIPT_FLAGS:
-            raise ValueError(f"{name}.lua: unknown flags {sorted(set(flags) - SCRIPT_FLAGS)}")
-        shebang = "#!lua" + (f" flags={','.join(flags)}" if flags else "") + "\n"
-        self.source = shebang + constants + self.declaration.prelude() + read_source("common") + own
+        shebang = "#!lua" + (f" flags={','.join(flags_of_all)}" if flags_of_all else "") + "\n"
+        self.source = shebang + constants + self.declaration.prelude() + read_source("common") + body
         self.sha = hashlib.sha1(self.source.encode()).hexdigest()
         self._fast = fast
         self._script = client.register_script(self.source)
