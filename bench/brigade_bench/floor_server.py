@@ -19,11 +19,11 @@ async def serve(port: int) -> None:
     from brigade.v1 import brigade_pb2 as pb
     from brigade_proxy.server import settle_heap
 
-    # as big as the proxy's answer to the bench's run: one prompt, a URI, a seed, a deadline
+    # as big as the proxy's answer to the bench's run: one prompt, a seed, a deadline
     lease = pb.Lease(lease_id="1764780000000-0", run_id="bench-proxy", attempt=1, adapter_version=0,
                      batch=pb.PromptBatch(batch_id="bench-proxy:0:1", run_id="bench-proxy",
                                           prompts=[pb.Prompt(id="1", text="1 + 1 =")]),
-                     adapter_uri="s3://brigade/runs/bench-proxy/adapters/v000000", seed=2**63,
+                     seed=2**63,
                      deadline_ms=1764780600000, lease_seconds=600)
     granted = pb.AcquireLeaseResponse(granted=True, lease=lease)
     completed = pb.CompleteLeaseResponse(next=granted)

@@ -12,9 +12,10 @@ import redis
 from proxy_support import BackgroundProxy, SyncClient, make_prompts, make_spec, manifest_for, new_run_id
 
 from brigade import adapters, keys
-from brigade.store.checks import MAX_MANIFEST_BYTES, MAX_RUNS, MAX_WORKERS_PER_RUN
+from brigade.spec import MAX_WORKERS_PER_RUN
 from brigade.store.sweeps import PRUNE_SLICE
 from brigade.v1 import brigade_pb2 as pb
+from brigade.wire import MAX_MANIFEST_BYTES, MAX_RUNS
 from brigade_cli.devservers import start_redis
 
 BAD = grpc.StatusCode.INVALID_ARGUMENT

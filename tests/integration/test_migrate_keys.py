@@ -12,8 +12,8 @@ from proxy_support import make_prompts, make_spec, manifest_for, new_run_id
 from typer.testing import CliRunner
 
 from brigade import keys
+from brigade.errors import LegacyKeys
 from brigade.store import Store
-from brigade.store.errors import LegacyKeys
 from brigade_cli.devservers import start_redis
 from brigade_cli.main import app
 from brigade_janitor.janitor import Janitor

@@ -9,13 +9,13 @@ import os
 import pytest
 from google.protobuf.descriptor import FieldDescriptor
 
+from brigade import wire
 from brigade.bucket import ObjectNotFound, open_bucket
+from brigade.errors import InvalidArgument
 from brigade.spec import RUN_ID_RE
-from brigade.store import checks
-from brigade.store.checks import MAX_MANIFEST_BYTES, MAX_SAFE_INT, WIRE_BOUNDS, check_wire, wire_problem
-from brigade.store.errors import InvalidArgument
 from brigade.store.learner import MAX_PULL, PULL_REPLY_BYTES
 from brigade.v1 import brigade_pb2 as pb
+from brigade.wire import MAX_MANIFEST_BYTES, MAX_SAFE_INT, WIRE_BOUNDS, check_wire, wire_problem
 from brigade_cli.ctl import format_event, format_status, shown, table
 from brigade_cli.up import numeric_metrics, progress_line
 
@@ -50,7 +50,7 @@ def test_every_string_bytes_list_and_map_field_of_every_request_has_one_bound():
                         used.add(name + "[]")
                 elif name in WIRE_BOUNDS:
                     used.add(name)
-            checks._plan(d)  # builds without a KeyError
+            wire._plan(d)  # builds without a KeyError
     assert not missing, f"fields without a declared bound: {missing}"
     assert not set(WIRE_BOUNDS) - used, f"bounds of no request field: {set(WIRE_BOUNDS) - used}"
 
@@ -69,7 +69,7 @@ def test_every_string_bytes_list_and_map_field_of_every_request_has_one_bound():
     (pb.PublishAdapterRequest(run_id="r", manifest=pb.AdapterManifest(version=2**63)), "AdapterManifest.version"),
     (pb.PublishAdapterRequest(run_id="r", manifest=pb.AdapterManifest(version=2**53)), "AdapterManifest.version"),
     (pb.PublishAdapterRequest(run_id="r", manifest=pb.AdapterManifest(files=[pb.AdapterFile()] * 65)), "files"),
-    (pb.CreateRunRequest(prompts=[pb.Prompt()] * (checks.MAX_PROMPTS + 1)), "prompts"),
+    (pb.CreateRunRequest(prompts=[pb.Prompt()] * (wire.MAX_PROMPTS + 1)), "prompts"),
     (pb.CreateRunRequest(spec=pb.RunSpec(run_id="r", lora=pb.LoraSpec(target_modules=["q\x00"]))), "target_modules"),
     (pb.WatchRunRequest(run_id="r" * 300), "WatchRunRequest.run_id"),
 ])
@@ -104,11 +104,11 @@ def test_a_maximal_manifest_fits_the_pull_reply_budget():
 def test_ids_are_matched_whole():
     assert RUN_ID_RE.fullmatch("run-1") and not RUN_ID_RE.fullmatch("a\n")
     with pytest.raises(InvalidArgument):
-        checks.check_stream_id("lease_id", "1-0\n")
+        wire.check_stream_id("lease_id", "1-0\n")
     m = pb.RolloutManifest(run_id="r", batch_id="r:0:0", attempt=1, uri="runs/r/rollouts/r:0:0/attempt-1.safetensors",
                            sha256="a" * 64 + "\n", num_samples=1)
     with pytest.raises(InvalidArgument, match="sha256"):
-        checks.check_rollout_manifest("r", m)
+        wire.check_rollout_manifest("r", m)
 
 
 def test_everything_ctl_prints_is_escaped():
@@ -146,8 +146,8 @@ async def test_the_local_bucket_does_not_follow_a_symlink_out_of_its_folder(tmp_
 
 
 def test_a_maximal_contribution_manifest_fits_the_pull_reply_budget():
-    from brigade.store.checks import MAX_CONTRIBUTION_BYTES
     from brigade.store.learner import MAX_PULL_CONTRIBUTIONS
+    from brigade.wire import MAX_CONTRIBUTION_BYTES
 
     def longest(name: str) -> str:
         return "x" * WIRE_BOUNDS[f"ContributionManifest.{name}"].limit

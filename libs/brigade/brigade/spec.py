@@ -36,6 +36,8 @@ from brigade.v1 import brigade_pb2 as pb
 MAX_PROMPTS = 1_000_000
 # leases of one local_sgd contribution (local_steps x batches_per_step): bounds its manifest
 MAX_ROUND_LEASES = 256
+# distinct worker ids seen (and not yet pruned) per run; more: RESOURCE_EXHAUSTED
+MAX_WORKERS_PER_RUN = 4_096
 RUN_ID_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")  # whole string: fullmatch (a $ would accept "a\n")
 _INTERVAL = re.compile(r"^([\[(])(\S+), (\S+)([\])])$")  # "[0, 1)"
 _HALF_LINE = re.compile(r"^(>=|>) (\S+)$")  # ">= 1"
@@ -289,6 +291,25 @@ def validate_spec(spec: pb.RunSpec) -> None:
             problems.append("grpo.recompute_logprobs: must be false with topology local_sgd (local rollouts are "
                             "on-policy: each trainer generates with the weights it trains)")
     refuse(problems)
+
+
+def admission_capacity(spec: pb.RunSpec) -> int:
+    """Batches a run lets out at once (queued, leased, or completed and not yet consumed): one step's
+    batches for the version being trained and for each version a worker may run ahead of it. With
+    topology local_sgd there is no admission: each trainer holds at most one round of leases and
+    generates on-policy, so the work in flight is bounded by the fleet, and staleness is the
+    aggregator's to judge."""
+    capacity = max(1, spec.batches_per_step) * (spec.staleness.max_staleness + 1)
+    if spec.topology == "local_sgd":
+        capacity *= max(1, spec.local_sgd.local_steps) * MAX_WORKERS_PER_RUN
+    return capacity
+
+
+def adapter_slots(spec: pb.RunSpec) -> int:
+    """Adapter versions a rollout worker holds at once (its cache, vLLM's max_loras): every version a
+    lease may still name (the newest and max_staleness behind it) and the next one, fetched while
+    batches of the previous are still generating."""
+    return spec.staleness.max_staleness + 2
 
 
 def refuse(problems: list[str]) -> None:

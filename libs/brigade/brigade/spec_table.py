@@ -1,5 +1,5 @@
 """The README's run-spec table, rendered from `brigade.spec.FIELDS`, and its wire-limits table,
-from `brigade.store.checks.WIRE_BOUNDS`, so neither can drift from its declarations.
+from `brigade.wire.WIRE_BOUNDS`, so neither can drift from its declarations.
 
 `python -m brigade.spec_table` prints the first; `python -m brigade.spec_table --readme README.md`
 (what `make spec-table` runs) rewrites the parts of README.md between each pair of marker comments.
@@ -14,11 +14,11 @@ from typing import Any
 import yaml
 
 from brigade.spec import FIELDS, Field
-from brigade.store.checks import MAX_SAFE_INT, WIRE_BOUNDS
+from brigade.wire import MAX_SAFE_INT, WIRE_BOUNDS
 
 BEGIN = "<!-- spec-table:begin (generated from libs/brigade/brigade/spec.py by `make spec-table`) -->"
 END = "<!-- spec-table:end -->"
-BOUNDS_BEGIN = "<!-- bounds-table:begin (generated from libs/brigade/brigade/store/checks.py by `make spec-table`) -->"
+BOUNDS_BEGIN = "<!-- bounds-table:begin (generated from libs/brigade/brigade/wire.py by `make spec-table`) -->"
 BOUNDS_END = "<!-- bounds-table:end -->"
 
 

@@ -28,6 +28,7 @@ from google.protobuf.message import Message
 
 from brigade.options import DEFAULTS, ProxyAddr, Run, TlsCa, Token
 from brigade.rpc import ProxyClient, describe_rpc_error
+from brigade.spec import admission_capacity
 from brigade.v1 import brigade_pb2 as pb
 from brigade_cli.local_runs import SnapshotClient, find_local_run
 
@@ -203,10 +204,9 @@ def format_status(s: pb.RunState) -> str:
     per_epoch = -(-s.num_prompts // max(1, spec.prompts_per_batch))
     cut = f"{s.batches_created}" + (f" / {per_epoch * spec.epochs}" if spec.epochs else f" ({per_epoch} per epoch)")
     steps = f"{s.learner_step}" + (f" / {spec.max_steps}" if spec.max_steps else "")
-    capacity = max(1, spec.batches_per_step) * (spec.staleness.max_staleness + 1)
     outstanding = s.queued + s.leased + s.completed
     mode = ("sync" if spec.sync else "async") + f", max_staleness {spec.staleness.max_staleness}"
-    cap = f"{outstanding} / {capacity} (admission cap)"
+    cap = f"{outstanding} / {admission_capacity(spec)} (admission cap)"
     if spec.topology == "local_sgd":
         ls = spec.local_sgd
         mode = (f"local_sgd: {ls.local_steps} local steps, rounds of {ls.min_contributions} contributions or "

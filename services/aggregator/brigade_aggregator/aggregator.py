@@ -46,12 +46,12 @@ from brigade.bucket import (
     probe_at_start,
 )
 from brigade.config import ConfigError
+from brigade.errors import InvalidArgument
 from brigade.retry import Backoff, retry
 from brigade.rpc import ProxyClient, retry_unavailable
 from brigade.service import until_signal
-from brigade.store.checks import MAX_METRICS_JSON, check_contribution_manifest
-from brigade.store.errors import InvalidArgument
 from brigade.v1 import brigade_pb2 as pb
+from brigade.wire import MAX_METRICS_JSON, check_contribution_manifest
 from brigade_aggregator import averaging, rounds
 from brigade_aggregator.rounds import RoundAck, RoundState
 

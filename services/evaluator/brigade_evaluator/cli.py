@@ -68,9 +68,9 @@ def evaluator(
     log_level: options.LogLevel = options.DEFAULTS.log_level,
 ) -> None:
     """Evaluate published adapters on held-out prompts (rq jobs)."""
+    from brigade.errors import LegacyKeys
     from brigade.log import configure_logging
     from brigade.proc import die_with_parent
-    from brigade.store.errors import LegacyKeys
 
     log = configure_logging("evaluator", log_level)
     from brigade.redis_clients import is_cluster

@@ -40,7 +40,7 @@ def janitor(
 
     serve_metrics(metrics_port)
 
-    from brigade.store.errors import LegacyKeys
+    from brigade.errors import LegacyKeys
 
     try:
         asyncio.run(run_janitor(redis_url, interval=interval, lock_ttl_ms=lock_ttl_ms, janitor_id=janitor_id or None))

@@ -21,8 +21,8 @@ import redis.exceptions
 import structlog
 
 from brigade import keys
+from brigade.errors import LegacyKeys
 from brigade.store import NotFound, Store, SweepResult
-from brigade.store.errors import LegacyKeys
 from brigade_janitor import metrics
 
 LOCK_KEY = keys.JANITOR_LOCK

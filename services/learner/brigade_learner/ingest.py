@@ -23,11 +23,11 @@ import structlog
 import torch
 
 from brigade.bucket import Bucket, BucketError, CorruptObject, ObjectNotFound
+from brigade.errors import InvalidArgument
 from brigade.retry import Backoff, retry
 from brigade.rollout_format import InvalidRollout, Limits, Rollout, from_bytes
-from brigade.store.checks import check_rollout_manifest
-from brigade.store.errors import InvalidArgument
 from brigade.v1 import brigade_pb2 as pb
+from brigade.wire import check_rollout_manifest
 
 log = structlog.get_logger()
 

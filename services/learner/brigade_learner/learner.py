@@ -43,9 +43,9 @@ from brigade.config import ConfigError
 from brigade.rpc import ProxyClient, retry_unavailable
 from brigade.service import until_signal
 from brigade.spec_file import build_spec, spec_to_dict
-from brigade.store.checks import MAX_METRICS_JSON
 from brigade.trackers import open_trackers
 from brigade.v1 import brigade_pb2 as pb
+from brigade.wire import MAX_METRICS_JSON
 from brigade_learner import checkpoint
 from brigade_learner import metrics as prom
 from brigade_learner.checkpoint import LearnerState, PendingAck

@@ -20,8 +20,8 @@ import structlog
 from brigade.bucket import BucketError
 from brigade.rpc import TRANSIENT_KEY
 from brigade.store import StoreError
-from brigade.store.checks import check_wire
 from brigade.v1 import brigade_pb2 as pb
+from brigade.wire import check_wire
 from brigade_proxy.limits import Limits
 
 log = structlog.get_logger("brigade.proxy")

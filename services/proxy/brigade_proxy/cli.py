@@ -101,7 +101,7 @@ def serve_one(serve_kwargs: dict, reuse_port: bool = False) -> int:
     a Redis it must not serve)."""
     import uvloop
 
-    from brigade.store.errors import LegacyKeys
+    from brigade.errors import LegacyKeys
     from brigade_proxy.server import serve
 
     try:

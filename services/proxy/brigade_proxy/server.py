@@ -26,14 +26,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from brigade import keys
+from brigade.errors import LegacyKeys
 from brigade.rpc import KEEPALIVE_MS, BearerAuthInterceptor, server_credentials, server_options
 from brigade.spec import fill_defaults
 from brigade.store import AlreadyExists, InvalidArgument, NotFound, Store
-from brigade.store.checks import check_manifest_worker, check_run_spec
-from brigade.store.errors import LegacyKeys
 from brigade.store.runs import prompt_bundle
 from brigade.v1 import brigade_pb2 as pb
 from brigade.v1 import brigade_pb2_grpc as pbg
+from brigade.wire import check_manifest_worker, check_run_spec
 from brigade_proxy import reflection
 from brigade_proxy.calls import Slots, add_servicer, client_address, rpc, rpc_stream
 from brigade_proxy.limits import Limits
@@ -64,17 +64,6 @@ class Proxy:
         self.bucket_url = bucket_url
         self.owns_bucket = owns_bucket
         self._ensured = False
-
-    def adapter_uri(self, run: str, version: int) -> str:
-        prefix = keys.adapter_prefix(run, version)
-        if self.bucket is not None:
-            try:
-                return self.bucket.url(prefix.rstrip("/")) + "/"
-            except Exception:  # noqa: BLE001 - an exotic bucket URL: fall back to joining strings
-                pass
-        if self.bucket_url:
-            return f"{self.bucket_url.rstrip('/')}/{prefix}"
-        return prefix
 
     async def store_run(self, run: str, spec_bytes: bytes, prompts_bytes: bytes) -> None:
         """run.pb and the prompt set, create-only; an identical object already there is fine."""
@@ -110,8 +99,7 @@ class LeaseServicer(pbg.LeaseServiceServicer):
 
     @rpc
     async def AcquireLease(self, request: pb.AcquireLeaseRequest, context) -> pb.AcquireLeaseResponse:
-        return await self.leases.acquire(request.run_id, request.worker_id, _worker_info(request),
-                                         adapter_uri=self.proxy.adapter_uri)
+        return await self.leases.acquire(request.run_id, request.worker_id, _worker_info(request))
 
     @rpc
     async def Heartbeat(self, request: pb.HeartbeatRequest, context) -> pb.HeartbeatResponse:
@@ -136,7 +124,7 @@ class LeaseServicer(pbg.LeaseServiceServicer):
         # most of the proxy's CPU per lease cycle), and one Redis call: the completion and the grant
         # are one script
         c, lease = await self.leases.complete_and_acquire(request.run_id, request.lease_id, request.worker_id,
-                                                          manifest, _worker_info(nxt), adapter_uri=self.proxy.adapter_uri)
+                                                          manifest, _worker_info(nxt))
         return pb.CompleteLeaseResponse(duplicate=c.duplicate, next=lease)
 
     @rpc

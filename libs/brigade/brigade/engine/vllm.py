@@ -2,7 +2,7 @@
 
 How it maps brigade onto vLLM:
 
-- one `LLM(model, enable_lora=True, max_loras=max_staleness + 2, max_lora_rank=..., ...)` per
+- one `LLM(model, enable_lora=True, max_loras=adapter_slots(spec), max_lora_rank=..., ...)` per
   worker: enough adapter slots for every version still inside the staleness window plus the one
   being swapped in, so a swap never evicts a version a queued request still needs. vLLM accepts
   only some ranks (`VLLM_LORA_RANKS`), so the spec's rank is rounded up to the next one (a rank-12
@@ -42,6 +42,7 @@ from brigade.chat import Prompt as ChatPrompt
 from brigade.chat import prompt_ids
 from brigade.engine.base import Sample, StopFn, Stopped, WrongAdapter
 from brigade.model import resolve_model
+from brigade.spec import adapter_slots
 from brigade.v1 import brigade_pb2 as pb
 
 INSTALL_HINT = "the vllm engine needs `pip install brigade[vllm]` and a CUDA GPU"
@@ -65,7 +66,7 @@ def llm_kwargs(spec: pb.RunSpec, model_path: str, gpu_memory_utilization: float 
     dtype = {"auto": "bfloat16", "float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}[spec.dtype or "auto"]
     kw: dict[str, Any] = dict(
         model=model_path, dtype=dtype, seed=int(spec.seed) & 0x7FFFFFFF, enable_lora=True,
-        max_loras=spec.staleness.max_staleness + 2, max_lora_rank=vllm_lora_rank(spec.lora.rank),
+        max_loras=adapter_slots(spec), max_lora_rank=vllm_lora_rank(spec.lora.rank),
         gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=True,
         revision=spec.revision or None, tokenizer_revision=spec.revision or None,
         trust_remote_code=spec.trust_remote_code,

@@ -7,8 +7,8 @@
     store.sweeps    the janitor's expiry, revocation, stale removal, consumer pruning, lock (sweeps.py)
     store.views     what RunService and `brigade ctl` read (views.py)
 
-Request fields are checked in checks.py before anything reaches Redis; refusals are the
-StoreErrors of errors.py, named after their gRPC status.
+Request fields are checked by `brigade.wire` (the wire contract, beside the spec) before anything
+reaches Redis; refusals are the StoreErrors of `brigade.errors`, named after their gRPC status.
 
 State of a run (keys from `brigade.keys.RunKeys`):
 
@@ -44,9 +44,9 @@ a spot reclaim says nothing about the batch.
 
 from __future__ import annotations
 
+from brigade.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, StoreError
 from brigade.redis_clients import async_client
 from brigade.resp import pipelined_client
-from brigade.store.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, StoreError
 from brigade.store.learner import MAX_BLOCK_MS, Learner
 from brigade.store.leases import Leases
 from brigade.store.runs import RunInfo, Runs

@@ -11,7 +11,10 @@ from google.protobuf.message import DecodeError, Message
 from redis.exceptions import RedisError
 
 from brigade import keys
-from brigade.store.checks import (
+from brigade.store.runs import Runs, require_topology
+from brigade.store.scripts import Scripts, number, text
+from brigade.v1 import brigade_pb2 as pb
+from brigade.wire import (
     MAX_CONTRIBUTION_BYTES,
     MAX_MANIFEST_BYTES,
     METRICS_KEPT,
@@ -23,9 +26,6 @@ from brigade.store.checks import (
     check_within,
     require_manifest,
 )
-from brigade.store.runs import Runs, require_topology
-from brigade.store.scripts import Scripts, number, text
-from brigade.v1 import brigade_pb2 as pb
 
 MAX_BLOCK_MS = 30_000         # long polls (PullRollouts, WatchRun) block at most this long per call
 MAX_PULL = 1_000

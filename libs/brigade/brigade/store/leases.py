@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from brigade import keys
-from brigade.store.checks import (
-    MAX_WORKERS_PER_RUN,
+from brigade.spec import MAX_WORKERS_PER_RUN
+from brigade.store.runs import RunInfo, Runs, require_topology
+from brigade.store.scripts import Scripts, text, unwrap
+from brigade.v1 import brigade_pb2 as pb
+from brigade.wire import (
     check_contribution,
     check_fail_reason,
     check_id,
@@ -19,9 +21,6 @@ from brigade.store.checks import (
     check_worker_info,
     require_manifest,
 )
-from brigade.store.runs import RunInfo, Runs, require_topology
-from brigade.store.scripts import Scripts, text, unwrap
-from brigade.v1 import brigade_pb2 as pb
 
 
 @dataclass
@@ -45,11 +44,6 @@ class Failure:
     next_attempt: int = 0
 
 
-def bare_adapter_uri(run: str, version: int) -> str:
-    """The adapter folder's key, for a store that knows no bucket."""
-    return keys.adapter_prefix(run, version)
-
-
 def _completion(reply: list) -> Completion:
     """complete.lua's reply: {'completed', delivery id} | {'duplicate'}."""
     outcome, *values = reply
@@ -70,12 +64,10 @@ class Leases:
         self.runs = runs
         self.scripts = scripts
 
-    async def acquire(self, run: str, worker: str, info: pb.WorkerInfo | None = None, *,
-                      adapter_uri: Callable[[str, int], str] = bare_adapter_uri) -> pb.AcquireLeaseResponse:
-        """A lease on the next batch, ready to send: its prompts, seed, adapter and deadline.
-        `adapter_uri(run, version)` says where the adapter folder lives (the proxy knows the bucket)."""
+    async def acquire(self, run: str, worker: str, info: pb.WorkerInfo | None = None) -> pb.AcquireLeaseResponse:
+        """A lease on the next batch, ready to send: its prompts, seed, adapter version and deadline."""
         ri, values = await self._acquire_args(run, worker, info)
-        return await self._lease(ri, await self.scripts.acquire(ri.keys, **values), adapter_uri)
+        return await self._lease(ri, await self.scripts.acquire(ri.keys, **values))
 
     async def heartbeat(self, run: str, lease_id: str, worker: str) -> Beat:
         check_lease_ref(run, lease_id, worker)
@@ -91,8 +83,7 @@ class Leases:
 
     async def complete_and_acquire(
             self, run: str, lease_id: str, worker: str, manifest: pb.RolloutManifest | None,
-            info: pb.WorkerInfo | None = None, *, adapter_uri: Callable[[str, int], str] = bare_adapter_uri,
-    ) -> tuple[Completion, pb.AcquireLeaseResponse]:
+            info: pb.WorkerInfo | None = None) -> tuple[Completion, pb.AcquireLeaseResponse]:
         """`complete`, then `acquire` for the same worker, in one script: a worker's whole lease cycle
         is one Redis call. Both are checked before anything is written; a refused completion grants
         nothing. A refused grant (StoreError) is raised after the completion has landed, as it was
@@ -101,7 +92,7 @@ class Leases:
         _, grant = await self._acquire_args(run, worker, info)
         completed, acquired = await self.scripts.complete_acquire(ri.keys, **(done | grant))  # `worker` in both
         completion = _completion(unwrap("complete", completed))
-        return completion, await self._lease(ri, unwrap("acquire", acquired), adapter_uri)
+        return completion, await self._lease(ri, unwrap("acquire", acquired))
 
     async def _acquire_args(self, run: str, worker: str, info: pb.WorkerInfo | None) -> tuple[RunInfo, dict]:
         check_id("run_id", run)
@@ -117,7 +108,7 @@ class Leases:
             batches_per_step=max(1, spec.batches_per_step), sync=int(spec.sync), max_steps=spec.max_steps, run=run,
             worker_info=info.SerializeToString(), lease_ttl_ms=ri.lease_ttl_ms, max_workers=MAX_WORKERS_PER_RUN)
 
-    async def _lease(self, ri: RunInfo, reply: list, adapter_uri: Callable[[str, int], str]) -> pb.AcquireLeaseResponse:
+    async def _lease(self, ri: RunInfo, reply: list) -> pb.AcquireLeaseResponse:
         """The answer to a worker from acquire.lua's reply."""
         outcome, *values = reply
         reason = text(outcome)
@@ -132,7 +123,7 @@ class Leases:
         run = ri.run
         return pb.AcquireLeaseResponse(granted=True, lease=pb.Lease(
             lease_id=lease_id, run_id=run, batch=ri.batch(batch_id), adapter_version=version,
-            adapter_uri=adapter_uri(run, version), seed=keys.batch_seed(run, batch_id, attempt),
+            seed=keys.batch_seed(run, batch_id, attempt),
             attempt=attempt, deadline_ms=deadline_ms, lease_seconds=ri.lease_ms // 1000))
 
     async def _complete_args(self, run: str, lease_id: str, worker: str,

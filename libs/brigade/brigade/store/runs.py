@@ -22,11 +22,11 @@ import redis.asyncio as aioredis
 import structlog
 
 from brigade import keys
-from brigade.spec import RUN_ID_RE
-from brigade.store.checks import MAX_RUNS, MAX_WORKERS_PER_RUN, check_id, check_run_spec, short
-from brigade.store.errors import AlreadyExists, FailedPrecondition, InvalidArgument, LegacyKeys, NotFound
+from brigade.errors import AlreadyExists, FailedPrecondition, InvalidArgument, LegacyKeys, NotFound
+from brigade.spec import RUN_ID_RE, admission_capacity
 from brigade.store.scripts import Scripts, text
 from brigade.v1 import brigade_pb2 as pb
+from brigade.wire import MAX_RUNS, check_id, check_run_spec, short
 
 log = structlog.get_logger()
 PROMPT_CHUNK = 10_000  # prompts per LRANGE: a big prompt set never blocks Redis in one command
@@ -53,11 +53,7 @@ class RunInfo:
         self.max_staleness = st.max_staleness
         self.batches_per_epoch = max(1, math.ceil(self.num_prompts / max(1, spec.prompts_per_batch)))
         self.total_batches = spec.epochs * self.batches_per_epoch  # 0 = unbounded
-        self.capacity = max(1, spec.batches_per_step) * (st.max_staleness + 1)
-        if spec.topology == "local_sgd":
-            # no admission: every trainer holds at most one round of leases and generates on-policy, so
-            # the work in flight is bounded by the fleet, and staleness is the aggregator's to judge
-            self.capacity *= max(1, spec.local_sgd.local_steps) * MAX_WORKERS_PER_RUN
+        self.capacity = admission_capacity(spec)
         # a lease hash outlives its lease; once expired/revoked it stays a while so the worker
         # learns why on its next heartbeat instead of hearing "unknown lease"
         self.lease_ttl_ms = self.lease_ms * 2 + 60_000

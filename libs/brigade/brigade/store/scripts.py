@@ -39,8 +39,8 @@ from importlib import resources
 import redis.asyncio as aioredis
 
 from brigade import keys
+from brigade.errors import BY_KIND
 from brigade.resp import ClusterPipelinedRedis, PipelinedRedis, ReplyError
-from brigade.store.errors import BY_KIND
 
 EVENTS_MAXLEN = 10_000    # the events stream is capped (approximately) at this many entries
 DEADLETTER_KEPT = 10_000  # so is the dead-letter stream (stats.deadlettered counts every one)

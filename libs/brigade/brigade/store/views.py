@@ -10,11 +10,11 @@ from google.protobuf.message import DecodeError
 
 from brigade import keys
 from brigade.redis_clients import raise_if_cancelled
-from brigade.store.checks import METRICS_KEPT, check_id, check_stream_id
 from brigade.store.learner import MAX_BLOCK_MS
 from brigade.store.runs import Runs
 from brigade.store.scripts import number, text
 from brigade.v1 import brigade_pb2 as pb
+from brigade.wire import METRICS_KEPT, check_id, check_stream_id
 
 LIST_LIMIT = 10_000           # inspection reads return at most this many rows
 

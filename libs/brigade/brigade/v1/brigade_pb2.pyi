@@ -209,12 +209,11 @@ class PromptBatch(_message.Message):
     def __init__(self, batch_id: _Optional[str] = ..., run_id: _Optional[str] = ..., epoch: _Optional[int] = ..., index: _Optional[int] = ..., prompts: _Optional[_Iterable[_Union[Prompt, _Mapping]]] = ...) -> None: ...
 
 class Lease(_message.Message):
-    __slots__ = ("lease_id", "run_id", "batch", "adapter_version", "adapter_uri", "seed", "attempt", "deadline_ms", "lease_seconds")
+    __slots__ = ("lease_id", "run_id", "batch", "adapter_version", "seed", "attempt", "deadline_ms", "lease_seconds")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_VERSION_FIELD_NUMBER: _ClassVar[int]
-    ADAPTER_URI_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
@@ -223,12 +222,11 @@ class Lease(_message.Message):
     run_id: str
     batch: PromptBatch
     adapter_version: int
-    adapter_uri: str
     seed: int
     attempt: int
     deadline_ms: int
     lease_seconds: int
-    def __init__(self, lease_id: _Optional[str] = ..., run_id: _Optional[str] = ..., batch: _Optional[_Union[PromptBatch, _Mapping]] = ..., adapter_version: _Optional[int] = ..., adapter_uri: _Optional[str] = ..., seed: _Optional[int] = ..., attempt: _Optional[int] = ..., deadline_ms: _Optional[int] = ..., lease_seconds: _Optional[int] = ...) -> None: ...
+    def __init__(self, lease_id: _Optional[str] = ..., run_id: _Optional[str] = ..., batch: _Optional[_Union[PromptBatch, _Mapping]] = ..., adapter_version: _Optional[int] = ..., seed: _Optional[int] = ..., attempt: _Optional[int] = ..., deadline_ms: _Optional[int] = ..., lease_seconds: _Optional[int] = ...) -> None: ...
 
 class RolloutManifest(_message.Message):
     __slots__ = ("run_id", "batch_id", "attempt", "worker_id", "policy_version", "uri", "sha256", "size_bytes", "num_samples", "num_tokens", "reward_mean", "compute_seconds", "price_per_hour", "capacity_class", "adapter_payload", "engine", "created_ms", "text_uri")

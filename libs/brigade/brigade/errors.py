@@ -1,4 +1,5 @@
-"""The refusals of the store, each named after the gRPC status the proxy answers with."""
+"""The refusals of a request, by the wire checks (`brigade.wire`) or the store, each named after the
+gRPC status the proxy answers with."""
 
 from __future__ import annotations
 

@@ -1,11 +1,12 @@
-"""Every check of a request's fields, before it reaches Redis: ids, stream ids, batch ids, the
-worker's self-description, run specs, rollout and adapter manifests. Each raises InvalidArgument
-with a message that names the field.
+"""The wire contract, beside the run spec: every check of a request's fields before it reaches Redis
+or a service acts on it (ids, stream ids, batch ids, the worker's self-description, run specs, rollout,
+contribution and adapter manifests), imported alike by the proxy, the store, the learner and the
+aggregator. Each check raises InvalidArgument with a message that names the field.
 
 `WIRE_BOUNDS` declares, once, the bound of every string, bytes, list and map field of every
 request message (characters, bytes or entries), and integers are held to `MAX_SAFE_INT` unless
 listed; `check_wire` applies the table to a whole request as the proxy parses it, so nothing
-unbounded gets as far as a handler, Redis or Lua. The README's limits table is made from it.
+unbounded gets as far as a handler, Redis or Lua. The limits table in docs/ is made from it.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from google.protobuf.message import Message
 
 from brigade import keys
 from brigade.config import ConfigError
+from brigade.errors import InvalidArgument
 from brigade.spec import MAX_PROMPTS, MAX_ROUND_LEASES, validate_spec
-from brigade.store.errors import InvalidArgument
 from brigade.v1 import brigade_pb2 as pb
 
 MAX_ID_CHARS = 256            # worker, learner, lease, batch and run ids
@@ -34,7 +35,6 @@ MAX_TEXT = 65_536             # characters of a FailLease message (its first 500
 MAX_LABEL = 64                # capacity_class, engine, payload and the spec's choice fields
 MAX_URI = 1_024
 MAX_RUNS = 1_000              # runs one Redis holds; CreateRun beyond it is RESOURCE_EXHAUSTED
-MAX_WORKERS_PER_RUN = 4_096   # distinct worker ids seen (and not yet pruned) per run; more: RESOURCE_EXHAUSTED
 MAX_MANIFEST_BYTES = 8_192    # a rollout manifest with every field at its bound (tests/unit/test_wire_bounds.py)
 MAX_CONTRIBUTION_BYTES = 144 << 10  # a contribution manifest with every field at its bound
 STREAM_ID_RE = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
