@@ -5,12 +5,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import typer
+from typer.testing import CliRunner
 
-from brigade.config import ConfigError, Settings
+from brigade.config import ConfigError
 from brigade.keys import batch_id, batch_seed, parse_batch_id
+from brigade.settings import REDIS_URL, RUN, TOKEN, command
 from brigade.spec_file import build_spec, read_spec_file, spec_to_dict
 from brigade_cli.cost import advantage, break_even_discount
 
@@ -75,9 +79,23 @@ def test_reward_entries_get_defaults():
 
 
 def test_settings_precedence(monkeypatch):
+    """A flag beats its BRIGADE_* variable, which beats the default (brigade.settings.command)."""
     monkeypatch.setenv("BRIGADE_REDIS_URL", "redis://env:1/0")
     monkeypatch.setenv("BRIGADE_RUN", "from-env")
-    s = Settings.from_env(run="from-flag", token=None)
+    monkeypatch.delenv("BRIGADE_TOKEN", raising=False)
+
+    @dataclass
+    class Shared:
+        redis_url: str = REDIS_URL.field()
+        run: str = RUN.field()
+        token: str = TOKEN.field()
+
+    got: list[Shared] = []
+    app = typer.Typer()
+    app.command()(command(Shared)(got.append))
+    result = CliRunner().invoke(app, ["--run", "from-flag"])
+    assert result.exit_code == 0, result.output
+    s = got[0]
     assert s.redis_url == "redis://env:1/0"
     assert s.run == "from-flag"
     assert s.token == ""

@@ -3,15 +3,16 @@ service answers SERVING. Used by container health checks; needs neither torch no
 
 from __future__ import annotations
 
-import os
 import sys
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from brigade.settings import PROXY
+
 
 def main() -> int:
-    target = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("BRIGADE_PROXY", "127.0.0.1:50051")
+    target = sys.argv[1] if len(sys.argv) > 1 else PROXY.from_env()
     try:
         with grpc.insecure_channel(target) as channel:
             reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=3)

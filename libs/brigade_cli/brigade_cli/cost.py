@@ -13,7 +13,7 @@ import json
 
 import typer
 
-from brigade import options
+from brigade import settings
 
 
 def advantage(discount: float, preemption_loss: float, sample_inflation: float) -> float:
@@ -54,8 +54,8 @@ def cost(
     sample_inflation: float = typer.Option(1.5, help="Samples generated per usable sample (staleness waste)."),
     run: str = typer.Option("", "--run", help="Use this run's measured preemption loss and rejection rate "
                             "(a local run of `brigade up` is found without --proxy, live or finished)."),
-    proxy: options.ProxyAddr = "",
-    token: options.Token = "",
+    proxy: settings.ProxyAddr = "",
+    token: settings.Token = "",
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """The spot-versus-reserved break-even: how much more a spot rollout fleet buys per dollar."""

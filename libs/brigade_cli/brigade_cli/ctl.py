@@ -26,8 +26,8 @@ import typer
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
-from brigade.options import DEFAULTS, ProxyAddr, Run, TlsCa, Token
 from brigade.rpc import ProxyClient, describe_rpc_error
+from brigade.settings import PROXY, ProxyAddr, Run, TlsCa, Token
 from brigade.spec import admission_capacity
 from brigade.v1 import brigade_pb2 as pb
 from brigade_cli.local_runs import SnapshotClient, find_local_run
@@ -70,7 +70,7 @@ def _resolve_proxy(proxy: str) -> str:
     if proxy:
         return proxy
     local = find_local_run()
-    return local.proxy if local is not None and local.live else DEFAULTS.proxy
+    return local.proxy if local is not None and local.live else PROXY.default
 
 
 def resolve_target(run: str, proxy: str) -> tuple[str, str | Path]:
@@ -85,7 +85,7 @@ def resolve_target(run: str, proxy: str) -> tuple[str, str | Path]:
     if proxy:
         return run, proxy
     if local is None:
-        return run, DEFAULTS.proxy
+        return run, PROXY.default
     if not local.live and local.snapshot is not None:
         typer.echo(f"(run {run} has ended; reading the snapshot in {local.snapshot})", err=True)
         return run, local.snapshot

@@ -7,11 +7,11 @@ import asyncio
 
 import typer
 
-from brigade.options import DEFAULTS, RedisUrl
+from brigade.settings import REDIS_URL, RedisUrl
 
 
 def migrate_keys(
-    redis_url: RedisUrl = DEFAULTS.redis_url,
+    redis_url: RedisUrl = REDIS_URL.default,
     dry_run: bool = typer.Option(False, "--dry-run", help="Count what would move; change nothing."),
 ) -> None:
     """Move runs stored before hash tags (brigade:<run>:*) to brigade:{<run>}:*, in place.

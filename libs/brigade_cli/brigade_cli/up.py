@@ -25,7 +25,7 @@ from pathlib import Path
 
 import typer
 
-from brigade import options
+from brigade import settings
 from brigade_cli.live import Progress
 from brigade_cli.plots import heldout_score
 
@@ -178,10 +178,10 @@ def up(
     stall_s: float = typer.Option(60.0, "--stall-timeout",
                                   help="Stop when no step was trained for this long while batches keep failing."),
     evaluator: bool = typer.Option(True, "--evaluator/--no-evaluator", help="Start the evaluator."),
-    redis_url: options.RedisUrl = "",
-    bucket: options.BucketUrl = "",
+    redis_url: settings.RedisUrl = "",
+    bucket: settings.BucketUrl = "",
     port: int = typer.Option(0, "--port", help="Proxy port (default: a free one)."),
-    token: options.Token = "",
+    token: settings.Token = "",
     fork: bool = typer.Option(True, "--fork/--no-fork",
                               help="Fork the learner, workers and evaluator from one process that imported torch "
                                    "once (fast start); --no-fork starts each as a fresh python."),

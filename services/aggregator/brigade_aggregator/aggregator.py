@@ -53,24 +53,13 @@ from brigade.service import until_signal
 from brigade.v1 import brigade_pb2 as pb
 from brigade.wire import MAX_METRICS_JSON, check_contribution_manifest
 from brigade_aggregator import averaging, rounds
+from brigade_aggregator.config import AggregatorConfig
 from brigade_aggregator.rounds import RoundAck, RoundState
 
 log = structlog.get_logger()
 READ_BACKOFF = Backoff(base_s=0.5, cap_s=5.0)
 V0_WAIT_S = 1.0   # until the first trainer has written the seeded v0
 HEADER_SLACK = 1 << 20  # a contribution's safetensors header, beyond its float32 tensors
-
-
-@dataclass
-class AggregatorConfig:
-    proxy: str
-    bucket: str
-    run: str
-    token: str = ""
-    tls_ca: str = ""
-    aggregator_id: str = "aggregator"
-    pull_wait_ms: int = 1000
-    keep_rounds: int = 3      # the newest round records kept in the bucket; 0 = all
 
 
 class Rejected(Exception):

@@ -8,11 +8,12 @@ import os
 import signal
 import subprocess
 import sys
+from dataclasses import dataclass
 
 import typer
 from prometheus_client import Counter
 
-from brigade import options
+from brigade.settings import BUCKET, LOG_LEVEL, METRICS_PORT, REDIS_URL, RQ_REDIS_URL, RUN, command, setting
 
 QUEUE = "brigade-evals"
 QUEUED = Counter("brigade_evaluator_evaluations_queued_total", "Evaluation jobs queued (one per evaluated version)")
@@ -58,41 +59,46 @@ async def watch(redis_url: str, bucket: str, run: str, log, rq_url: str = "") ->
         await store.close()
 
 
-def evaluator(
-    redis_url: options.RedisUrl = options.DEFAULTS.redis_url,
-    rq_redis_url: options.RqRedisUrl = "",
-    bucket: options.BucketUrl = options.DEFAULTS.bucket,
-    run: options.Run = options.DEFAULTS.run,
-    worker: bool = typer.Option(True, "--worker/--no-worker", help="Also run the rq worker that executes the jobs."),
-    metrics_port: options.MetricsPort = 0,
-    log_level: options.LogLevel = options.DEFAULTS.log_level,
-) -> None:
+@dataclass(frozen=True)
+class EvaluatorSettings:
+    redis_url: str = REDIS_URL.field()
+    rq_redis_url: str = RQ_REDIS_URL.field()
+    bucket: str = BUCKET.field()
+    run: str = RUN.field()
+    worker: bool = setting(True, "Also run the rq worker that executes the jobs.",
+                           flag="--worker/--no-worker")
+    metrics_port: int = METRICS_PORT.field()
+    log_level: str = LOG_LEVEL.field()
+
+
+@command(EvaluatorSettings)
+def evaluator(s: EvaluatorSettings) -> None:
     """Evaluate published adapters on held-out prompts (rq jobs)."""
     from brigade.errors import LegacyKeys
     from brigade.log import configure_logging
     from brigade.proc import die_with_parent
 
-    log = configure_logging("evaluator", log_level)
+    log = configure_logging("evaluator", s.log_level)
     from brigade.redis_clients import is_cluster
 
-    rq_url = rq_redis_url or redis_url
+    rq_url = s.rq_redis_url or s.redis_url
     if is_cluster(rq_url):
-        typer.echo(f"brigade evaluator: --redis-url {redis_url} is a Redis Cluster, which rq cannot use; give the "
+        typer.echo(f"brigade evaluator: --redis-url {s.redis_url} is a Redis Cluster, which rq cannot use; give the "
                    "job queues a single-node Redis with --rq-redis-url (BRIGADE_RQ_REDIS_URL)", err=True)
         raise typer.Exit(2)
     from brigade.prom import serve_metrics
 
-    serve_metrics(metrics_port)
+    serve_metrics(s.metrics_port)
     # SIGTERM (docker stop, systemd, brigade up) unwinds like Ctrl-C, so the rq worker is stopped too
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     child = None
-    if worker:
+    if s.worker:
         # SimpleWorker: jobs run in the worker process, so the base model loads once, not per job
         child = subprocess.Popen([sys.executable, "-m", "brigade.rq_worker", "--url", rq_url, "--quiet",
-                                  "--service", "evaluator", "--simple", eval_queue(run)], env=os.environ,
+                                  "--service", "evaluator", "--simple", eval_queue(s.run)], env=os.environ,
                                  preexec_fn=die_with_parent)
     try:
-        asyncio.run(watch(redis_url, bucket, run, log, rq_url))
+        asyncio.run(watch(s.redis_url, s.bucket, s.run, log, rq_url))
     except KeyboardInterrupt:
         pass
     except LegacyKeys as e:

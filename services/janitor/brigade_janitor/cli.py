@@ -3,26 +3,27 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated
+from dataclasses import dataclass
 
 import typer
 
-from brigade.options import DEFAULTS, LogLevel, MetricsPort, RedisUrl
-
-Interval = Annotated[float, typer.Option("--interval", envvar="BRIGADE_JANITOR_INTERVAL", help="Seconds between sweeps.")]
-LockTtl = Annotated[int, typer.Option("--lock-ttl-ms", envvar="BRIGADE_JANITOR_LOCK_TTL_MS",
-                                      help="Lock lifetime; a standby takes over this long after the holder dies.")]
-JanitorId = Annotated[str, typer.Option("--id", envvar="BRIGADE_JANITOR_ID", help="Name in the lock (default host:pid:random).")]
+from brigade.settings import LOG_LEVEL, METRICS_PORT, REDIS_URL, command, setting
 
 
-def janitor(
-    redis_url: RedisUrl = DEFAULTS.redis_url,
-    interval: Interval = 1.0,
-    lock_ttl_ms: LockTtl = 5_000,
-    janitor_id: JanitorId = "",
-    metrics_port: MetricsPort = 0,
-    log_level: LogLevel = DEFAULTS.log_level,
-) -> None:
+@dataclass(frozen=True)
+class JanitorSettings:
+    redis_url: str = REDIS_URL.field()
+    interval: float = setting(1.0, "Seconds between sweeps.", env="BRIGADE_JANITOR_INTERVAL")
+    lock_ttl_ms: int = setting(5_000, "Lock lifetime; a standby takes over this long after the holder dies.",
+                               env="BRIGADE_JANITOR_LOCK_TTL_MS")
+    janitor_id: str = setting("", "Name in the lock (default host:pid:random).", flag="--id",
+                              env="BRIGADE_JANITOR_ID")
+    metrics_port: int = METRICS_PORT.field()
+    log_level: str = LOG_LEVEL.field()
+
+
+@command(JanitorSettings)
+def janitor(s: JanitorSettings) -> None:
     """Requeue leases whose worker went silent, revoke stale leases, drop stale manifests.
 
     Run one or more: they elect a single active janitor through a Redis lock.
@@ -30,20 +31,21 @@ def janitor(
     from brigade.log import configure_logging
 
     try:
-        configure_logging("janitor", log_level)
+        configure_logging("janitor", s.log_level)
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--log-level") from None
-    if lock_ttl_ms <= interval * 1000:
+    if s.lock_ttl_ms <= s.interval * 1000:
         raise typer.BadParameter("--lock-ttl-ms must be longer than --interval")
     from brigade.prom import serve_metrics
     from brigade_janitor.janitor import run_janitor
 
-    serve_metrics(metrics_port)
+    serve_metrics(s.metrics_port)
 
     from brigade.errors import LegacyKeys
 
     try:
-        asyncio.run(run_janitor(redis_url, interval=interval, lock_ttl_ms=lock_ttl_ms, janitor_id=janitor_id or None))
+        asyncio.run(run_janitor(s.redis_url, interval=s.interval, lock_ttl_ms=s.lock_ttl_ms,
+                                janitor_id=s.janitor_id or None))
     except LegacyKeys as e:
         typer.echo(f"brigade janitor: {e}", err=True)
         raise typer.Exit(2) from None

@@ -49,6 +49,7 @@ from brigade.wire import MAX_METRICS_JSON
 from brigade_learner import checkpoint
 from brigade_learner import metrics as prom
 from brigade_learner.checkpoint import LearnerState, PendingAck
+from brigade_learner.config import LearnerConfig
 from brigade_learner.crash import CrashPoints
 from brigade_learner.ingest import Prefetcher, StepData, manifest_dollars
 from brigade_learner.trainer import Trainer
@@ -71,23 +72,6 @@ def metrics_for_proxy(metrics: dict | None) -> str:
     every step's full metrics either way)."""
     text = json.dumps(metrics) if metrics else ""
     return text if len(text.encode()) <= MAX_METRICS_JSON else ""
-
-
-@dataclass
-class LearnerConfig:
-    proxy: str
-    bucket: str
-    run: str
-    token: str = ""
-    tls_ca: str = ""
-    spec_path: str = ""
-    learner_id: str = "learner"
-    price_per_hour: float = 0.0
-    max_steps: int | None = None   # None: the run spec's
-    pull_wait_ms: int = 2000
-    keep_checkpoints: int = 3      # the newest complete checkpoints kept in the bucket; 0 = all
-    report_to: list[str] | None = None  # experiment trackers; None: the run spec's report_to
-    tracker_dir: str = "trackers"  # local files of the trackers (W&B offline runs, TensorBoard events)
 
 
 @dataclass

@@ -29,7 +29,6 @@ import asyncio
 import random
 import signal
 import time
-from dataclasses import dataclass, field
 
 import grpc
 import structlog
@@ -49,7 +48,6 @@ from brigade.datasets import prompt_value
 from brigade.engine.base import Stopped
 from brigade.engine.hf import HFEngine
 from brigade.model import load_tokenizer
-from brigade.options import default_fleet_id
 from brigade.retry import retry
 from brigade.reward_sandbox import RqSandbox
 from brigade.rewards import RewardCall, RewardSet, TrainerState
@@ -57,6 +55,7 @@ from brigade.rollout_format import Rollout, build_rollout
 from brigade.rpc import ProxyClient, retry_unavailable
 from brigade.service import until_signal
 from brigade.v1 import brigade_pb2 as pb
+from brigade_learner.config import TrainerConfig
 from brigade_learner.ingest import READ_BACKOFF, drop_nonfinite
 from brigade_learner.trainer import Trainer
 
@@ -65,22 +64,6 @@ CONTRIBUTION_FORMAT = "brigade-contribution-1"
 RPC_TIMEOUT_S = 15.0
 NEXT_VERSION_POLL_S = 0.25   # GetRun while waiting for the round to close
 NEXT_VERSION_SLACK_S = 5.0   # beyond round_timeout_s: the aggregator's merge and publish
-
-
-@dataclass
-class TrainerConfig:
-    proxy: str
-    bucket: str
-    run: str
-    token: str = ""
-    tls_ca: str = ""
-    trainer_id: str = field(default_factory=default_fleet_id)
-    capacity_class: str = "spot"
-    price_per_hour: float = 0.0
-    device: str = ""                # overrides spec.device
-    redis_url: str = ""             # rq queue for sandboxed rewards
-    reward_workers: bool = True
-    exit_when_finished: bool = False
 
 
 class RoundLost(Exception):

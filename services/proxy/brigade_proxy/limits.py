@@ -1,7 +1,7 @@
 """The proxy's limits: each one declared once here, with its default, its bounds and what it bounds.
 
-`brigade proxy` has a flag and a BRIGADE_* variable for each (cli.py builds them from this table);
-the README lists them. What is refused beyond a limit:
+`brigade proxy` has a flag and a BRIGADE_* variable for each (`brigade.settings.command` builds them
+from these fields); docs/configuration.md lists them. What is refused beyond a limit:
 
 - a request over its method's size: RESOURCE_EXHAUSTED, before it is parsed (CreateRun may be up to
   max_message_bytes, which is also gRPC's receive limit, the most any one call can buffer; every
@@ -15,43 +15,39 @@ the README lists them. What is refused beyond a limit:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import dataclass
 
+from brigade.settings import setting, validate
 from brigade.spec import MAX_PROMPTS
 
 MIB = 1024 * 1024
 
 
-def _limit(default: int, low: int, high: int, doc: str) -> Any:
-    return field(default=default, metadata={"low": low, "high": high, "doc": doc})
-
-
 @dataclass(frozen=True)
 class Limits:
-    max_message_bytes: int = _limit(32 * MIB, 1 * MIB, 1024 * MIB,
-                                    "bytes of a CreateRun request (its prompt set); gRPC's receive limit")
-    max_request_bytes: int = _limit(4 * MIB, 64 * 1024, 1024 * MIB, "bytes of a request of any other method")
+    max_message_bytes: int = setting(32 * MIB,
+                                     "Bytes of a CreateRun request (its prompt set); gRPC's receive limit.",
+                                     env="BRIGADE_MAX_MESSAGE_BYTES", low=1 * MIB, high=1024 * MIB)
+    max_request_bytes: int = setting(4 * MIB, "Bytes of a request of any other method.",
+                                     env="BRIGADE_MAX_REQUEST_BYTES", low=64 * 1024, high=1024 * MIB)
     # at most the store's own ceiling (brigade.spec.MAX_PROMPTS): an operator may only lower it
-    max_prompts: int = _limit(MAX_PROMPTS, 1, MAX_PROMPTS, "prompts in one CreateRun")
-    max_create_runs: int = _limit(2, 1, 64, "CreateRun calls in flight at once (each may hold max_message_bytes)")
-    max_streams: int = _limit(256, 1, 100_000, "WatchRun streams open at once, in total (one Redis connection each)")
-    max_streams_per_client: int = _limit(16, 1, 100_000, "WatchRun streams open at once from one client address")
-    max_pulls: int = _limit(32, 1, 10_000,
-                            "PullRollouts in flight at once, in total (Redis connections reserved for them)")
-    max_pulls_per_client: int = _limit(4, 1, 10_000, "PullRollouts in flight at once from one client address")
-    max_rpcs: int = _limit(4096, 16, 1_000_000, "calls in flight at once, of every kind (gRPC's own limit)")
+    max_prompts: int = setting(MAX_PROMPTS, "Prompts in one CreateRun.", env="BRIGADE_MAX_PROMPTS",
+                               low=1, high=MAX_PROMPTS)
+    max_create_runs: int = setting(2, "CreateRun calls in flight at once (each may hold max_message_bytes).",
+                                   env="BRIGADE_MAX_CREATE_RUNS", low=1, high=64)
+    max_streams: int = setting(256, "WatchRun streams open at once, in total (one Redis connection each).",
+                               env="BRIGADE_MAX_STREAMS", low=1, high=100_000)
+    max_streams_per_client: int = setting(16, "WatchRun streams open at once from one client address.",
+                                          env="BRIGADE_MAX_STREAMS_PER_CLIENT", low=1, high=100_000)
+    max_pulls: int = setting(32, "PullRollouts in flight at once, in total (Redis connections reserved "
+                             "for them).",
+                             env="BRIGADE_MAX_PULLS", low=1, high=10_000)
+    max_pulls_per_client: int = setting(4, "PullRollouts in flight at once from one client address.",
+                                        env="BRIGADE_MAX_PULLS_PER_CLIENT", low=1, high=10_000)
+    max_rpcs: int = setting(4096, "Calls in flight at once, of every kind (gRPC's own limit).",
+                            env="BRIGADE_MAX_RPCS", low=16, high=1_000_000)
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value, low, high = getattr(self, f.name), f.metadata["low"], f.metadata["high"]
-            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-                raise ValueError(f"{f.name} must be an integer in [{low}, {high}], not {value!r}")
+        validate(self)
         if self.max_request_bytes > self.max_message_bytes:
             raise ValueError("max_request_bytes cannot exceed max_message_bytes (gRPC's receive limit)")
-
-    @classmethod
-    def doc(cls, name: str) -> str:
-        f = next(f for f in fields(cls) if f.name == name)
-        doc = f.metadata["doc"]
-        return f"{doc[:1].upper()}{doc[1:]} ({f.metadata['low']}..{f.metadata['high']})"

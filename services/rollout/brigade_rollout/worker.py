@@ -37,7 +37,6 @@ import contextlib
 import random
 import threading
 import time
-from dataclasses import dataclass, field
 
 import grpc
 import structlog
@@ -57,14 +56,15 @@ from brigade.bucket import (
 from brigade.datasets import prompt_value
 from brigade.engine import make_engine
 from brigade.engine.base import Engine, Sample, Stopped
-from brigade.options import default_fleet_id
 from brigade.reward_sandbox import RqSandbox
 from brigade.rewards import RewardCall, RewardSet, TrainerState
 from brigade.rollout_format import Rollout, build_rollout, from_bytes
 from brigade.rpc import ProxyClient, describe_rpc_error, is_transient
+from brigade.spec import adapter_slots
 from brigade.v1 import brigade_pb2 as pb
 from brigade_rollout import metrics
 from brigade_rollout.adapter_cache import AdapterCache
+from brigade_rollout.config import WorkerConfig
 from brigade_rollout.retries import (
     BACKOFF,
     BUCKET_TIMEOUT_S,
@@ -82,24 +82,6 @@ from brigade_rollout.sidecar import reward_mean, text_sidecar
 log = structlog.get_logger()
 
 COMMIT_GRACE_S = 5.0       # a signal during upload/complete waits this long before giving up the batch
-
-
-@dataclass
-class WorkerConfig:
-    proxy: str
-    bucket: str
-    run: str
-    token: str = ""
-    tls_ca: str = ""
-    worker_id: str = field(default_factory=default_fleet_id)
-    capacity_class: str = "spot"
-    price_per_hour: float = 0.0
-    engine: str = "hf"
-    max_batches: int = 0            # 0 = forever
-    exit_when_finished: bool = False
-    device: str = ""                # overrides spec.device
-    redis_url: str = ""             # rq queue for sandboxed rewards
-    reward_workers: bool = True     # start a local rq worker for them
 
 
 # ---------------------------------------------------------------- the worker
@@ -188,7 +170,7 @@ class Worker:
                                lambda: check_create_only(self.bucket, cfg.run), bucket_retryable, BUCKET_TIMEOUT_S)
         except CreateOnlyIgnored as e:
             raise FatalError(str(e)) from e
-        self.cache = AdapterCache(self.bucket, cfg.run, capacity=spec.staleness.max_staleness + 2)
+        self.cache = AdapterCache(self.bucket, cfg.run, capacity=adapter_slots(spec))
         if state.latest_version:
             self.cache.prefetch(state.latest_version)  # overlaps with loading the model
         sandbox = None
