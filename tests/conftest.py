@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from brigade_cli.devservers import MOTO_ENV, start_moto, start_redis, start_redis_cluster
+from brigade_harness.devservers import MOTO_ENV, start_moto, start_redis, start_redis_cluster
 
 
 def pytest_collection_modifyitems(items):

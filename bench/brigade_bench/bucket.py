@@ -41,7 +41,7 @@ from aiobotocore.session import get_session
 from brigade.bucket import open_bucket, sha256_hex
 from brigade.bucket.s3 import S3Bucket
 from brigade_bench.system import process_cpu_s
-from brigade_cli.devservers import MOTO_ENV, start_moto
+from brigade_harness.devservers import MOTO_ENV, start_moto
 
 MiB = 1 << 20
 SIZE_MIB = 34

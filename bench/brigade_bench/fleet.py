@@ -49,6 +49,7 @@ import time
 from pathlib import Path
 
 from brigade_bench import system
+from brigade_testing.audited_system import AuditedSystem
 from brigade_testing.slow_engine import DelayModel
 
 FACTORS = (1.0, 1.0, 1.0, 3.0)
@@ -167,7 +168,7 @@ def run(quick: bool = False, out_dir: str | Path | None = None) -> dict:
     tag = f"{int(time.time()) % 100000}"
     runs = {"async": f"fleet-async-{tag}", "sync": f"fleet-sync-{tag}"}
     res: dict[str, dict] = {}
-    with system.workdir("brigade-bench-fleet-") as tmp, system.System(Path(tmp)) as sysm:
+    with system.workdir("brigade-bench-fleet-") as tmp, AuditedSystem.for_hosts(Path(tmp)) as sysm:
         for mode, run_id in runs.items():
             sysm.create_run(fleet_spec(run_id, sync=mode == "sync", steps=steps, max_staleness=cfg["max_staleness"]))
         order = list(runs.values())
@@ -179,7 +180,7 @@ def run(quick: bool = False, out_dir: str | Path | None = None) -> dict:
             system.progress("fleet", f"{mode} run: go ({steps} steps)")
             t_go, finished = sysm.run_until(run_id, steps, cfg["timeout_s"], hosts)
             system.progress("fleet", f"{mode} run: {'done' if finished else 'TIMED OUT'}")
-            res[mode] = {**sysm.run_result(run_id, steps, t_go, finished, len(FACTORS)),
+            res[mode] = {**system.run_result(sysm, run_id, steps, t_go, finished, len(FACTORS)),
                          "engine": sysm.engine_log(run_id), "factors": dict(zip(ids, FACTORS, strict=True)),
                          "by_version": sysm.rollout_rewards(run_id)}
             if not finished:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from brigade_bench import system
 from brigade_bench.fleet import BATCHES_PER_STEP, fleet_spec, out_dir_default
+from brigade_testing.audited_system import AuditedSystem
 from brigade_testing.slow_engine import DelayModel
 
 WORKERS = 4
@@ -111,7 +112,7 @@ def run(quick: bool = False, out_dir: str | Path | None = None) -> dict:
     res: dict[str, dict] = {}
     kills: list[dict] = []
     with system.workdir("brigade-bench-preempt-") as tmp, \
-            system.System(Path(tmp), janitor_interval=0.5) as sysm:
+            AuditedSystem.for_hosts(Path(tmp), janitor_interval=0.5) as sysm:
         for run_id in runs.values():
             sysm.create_run(fleet_spec(run_id, sync=False, steps=steps, max_staleness=4,
                                        lease_seconds=cfg["lease_seconds"]))
@@ -139,8 +140,8 @@ def run(quick: bool = False, out_dir: str | Path | None = None) -> dict:
             system.progress("preemption", f"{mode} run: go ({steps} steps)")
             t_go, finished = sysm.run_until(run_id, steps, cfg["timeout_s"], [learner], tick=tick)
             system.progress("preemption", f"{mode} run: {'done' if finished else 'TIMED OUT'}, {len(kills)} kills")
-            res[mode] = sysm.run_result(run_id, steps, t_go, finished, WORKERS,
-                                        killed={k["killed"]: k["t"] for k in kills})
+            res[mode] = system.run_result(sysm, run_id, steps, t_go, finished, WORKERS,
+                                          killed={k["killed"]: k["t"] for k in kills})
             if not finished:
                 break
     result: dict = {

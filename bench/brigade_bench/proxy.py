@@ -282,7 +282,7 @@ async def _create_run(target: str, run: str, prompts: int, lease_seconds: int = 
 
 
 def _start_proxy(redis_url: str, port: int, pipelined: bool = True, processes: int = 1) -> subprocess.Popen:
-    from brigade_cli.devservers import wait_for_port
+    from brigade_harness.devservers import wait_for_port
 
     env = dict(os.environ, BRIGADE_LOG_FORMAT="json")
     argv = [sys.executable, "-m", "brigade_proxy", "--listen", f"127.0.0.1:{port}", "--redis-url", redis_url,
@@ -421,7 +421,7 @@ async def _floor_phases(client_processes: int, cycles: int, rate: float,
                         warmup: int) -> tuple[tuple[dict, dict], tuple[dict, dict]]:
     """The one-call and the two-call phase at `rate` against `brigade_bench.floor_server` (gRPC
     alone, no work): each as `_phase_with_cpu` gives it."""
-    from brigade_cli.devservers import free_port, wait_for_port
+    from brigade_harness.devservers import free_port, wait_for_port
 
     port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "brigade_bench.floor_server", str(port)],
@@ -440,7 +440,7 @@ async def _floor_phases(client_processes: int, cycles: int, rate: float,
 
 async def _saturated_without_pipelining(redis_url: str, processes: int, cycles: int, warmup: int) -> dict:
     """The closed-loop phase again, through a proxy whose store uses plain redis-py."""
-    from brigade_cli.devservers import free_port
+    from brigade_harness.devservers import free_port
 
     port = free_port()
     proxy = _start_proxy(redis_url, port, pipelined=False)
@@ -456,7 +456,7 @@ async def _saturated_without_pipelining(redis_url: str, processes: int, cycles: 
 
 async def run(quick: bool = False, client_processes: int = 2, paced_rate: float = 1000.0,
               cycles: int | None = None, paced_seconds: float | None = None, processes: int = PROCESSES) -> dict:
-    from brigade_cli.devservers import free_port, start_redis
+    from brigade_harness.devservers import free_port, start_redis
 
     cycles = cycles or (4_000 if quick else 20_000)
     paced_cycles = int(paced_rate * (paced_seconds or (3 if quick else 10)))

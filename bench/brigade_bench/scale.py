@@ -174,7 +174,7 @@ async def _fleet(target: str, run: str, workers: int, measure_s: float) -> dict:
 
 
 async def _workers_part(redis_url: str, sizes: tuple, measure_s: float) -> dict:
-    from brigade_cli.devservers import free_port
+    from brigade_harness.devservers import free_port
 
     port = free_port()
     proxy = _start_proxy(redis_url, port)
@@ -200,7 +200,7 @@ async def _workers_part(redis_url: str, sizes: tuple, measure_s: float) -> dict:
 
 
 async def _replicas_part(redis, counts: tuple, cycles: int) -> dict:
-    from brigade_cli.devservers import free_port
+    from brigade_harness.devservers import free_port
 
     out = {}
     for k in counts:
@@ -302,7 +302,7 @@ async def _prompts_part(redis_url: str, sizes: tuple) -> dict:
     from brigade.rpc import open_channel
     from brigade.v1 import brigade_pb2 as pb
     from brigade.v1 import brigade_pb2_grpc as pbg
-    from brigade_cli.devservers import free_port
+    from brigade_harness.devservers import free_port
 
     ports = [free_port(), free_port()]
     procs = [_start_proxy(redis_url, p) for p in ports]  # one creates the runs, the other touches them first
@@ -445,7 +445,7 @@ def _plot(out_dir: Path, result: dict, sizes: dict) -> str:
 async def run(quick: bool = False, out_dir: str | Path | None = None, cfg: dict | None = None) -> dict:
     from brigade_bench.fleet import out_dir_default
     from brigade_bench.system import progress
-    from brigade_cli.devservers import start_redis
+    from brigade_harness.devservers import start_redis
 
     cfg = cfg or (QUICK if quick else FULL)
     sizes = {"workers": cfg["workers"], "replicas": cfg["replicas"], "leases": cfg["leases"],

@@ -419,7 +419,7 @@ async def _bench(url: str, cfg: dict, env: dict[str, str], root: Path, s3_pid: i
     from brigade.bucket import open_bucket
     from brigade.rpc import ProxyClient
     from brigade.spec_file import build_spec
-    from brigade_cli.system import LocalSystem, create_run
+    from brigade_harness.system import LocalSystem, create_run
 
     progress("sync-latency", "starting redis and the proxy")
     system = LocalSystem(root, bucket=url, env=dict(env, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore"))
@@ -499,7 +499,7 @@ def _plot(out_dir: Path, series: dict, quick: bool) -> str:
 def run(quick: bool = False, out_dir: str | Path | None = None) -> dict:
     from brigade_bench.bucket import _env
     from brigade_bench.fleet import out_dir_default
-    from brigade_cli.devservers import MOTO_ENV, start_moto
+    from brigade_harness.devservers import MOTO_ENV, start_moto
 
     cfg = QUICK if quick else FULL
     out = Path(out_dir) if out_dir is not None else out_dir_default()

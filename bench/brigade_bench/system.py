@@ -1,20 +1,20 @@
-"""What the whole-system benchmarks (fleet, preemption) share: the real services as processes, a
-simulated device speed around the real engine, and the arithmetic that turns a run's learner
-metrics and event stream into figures.
+"""What the whole-system benchmarks (fleet, preemption) share: the arithmetic that turns a run's
+learner metrics and event stream into figures, and reading a run back from its system.
 
-The system is the one `brigade up` starts (`brigade_cli.system.LocalSystem`): a redis-server, a
-local-folder bucket, `brigade proxy`, `brigade janitor`, one learner and N rollout workers, each its
-own process. The learner and the workers run through two small hosts (`python -m brigade_bench.system
-learner` here, `python -m brigade_testing.slow_worker`) that drive the services' own classes
-(`brigade_learner.learner.Learner`, `brigade_rollout.worker.Worker`) exactly as their CLIs do, with
-three differences that only a benchmark needs:
+The system is `brigade_testing.audited_system.AuditedSystem.for_hosts`, on the harness `brigade up`
+starts too (`brigade_harness.system.LocalSystem`): a redis-server, a local-folder bucket, `brigade
+proxy`, `brigade janitor`, one learner and N rollout workers, each its own process. The learner and
+the workers run through two small hosts (`python -m brigade_testing.slow_learner`, `python -m
+brigade_testing.slow_worker`) that drive the services' own classes (`brigade_learner.learner.Learner`,
+`brigade_rollout.worker.Worker`) exactly as their CLIs do, with three differences that only a
+benchmark needs:
 
 - a host serves several runs one after the other (the async and the sync run), so torch and the
   model are imported and loaded once, not once per run, and startup cost is out of the figures;
 - it waits for a "go" file before each run, so every worker and the learner start together and
   the clock starts at go (the learner is loaded and waiting; no backlog piles up while it loads);
 - the worker's engine is wrapped in `brigade_testing.slow_engine.SlowEngine`, and the learner's
-  `train_step` in `simulate_learner_device`: the simulated device speeds.
+  `train_step` in `brigade_testing.slow_learner.simulate_learner_device`: the simulated device speeds.
 
 Simulated device speed. On a 2-core machine shared by a learner, four workers, Redis and the proxy,
 real generation time measures CPU contention, not the schedule. So each batch's generation takes
@@ -32,23 +32,19 @@ one sizes a real fleet to a real learner, and not an accident of this machine's 
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
-import json
 import math
 import os
-import signal
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-from brigade_cli.system import LocalSystem, Service
-from brigade_testing.slow_engine import DelayModel
+from brigade_testing.audited_system import AuditedSystem
 
 _STARTED: dict[str, float] = {}
 
@@ -164,23 +160,6 @@ def percentile(values: Iterable[float], q: float) -> float:
     pos = q * (len(xs) - 1)
     lo, hi = math.floor(pos), math.ceil(pos)
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
-def simulate_learner_device(trainer, step_s: float, sleep: Callable[[float], None] = time.sleep) -> None:
-    """Make `trainer.train_step` take at least `step_s` of wall time (the real step runs first, then
-    the rest is slept): the learner's simulated device, as DelayedEngine is the workers'. The
-    commit that follows (checkpoint, adapter, publish, ack) stays real."""
-    real_step = trainer.train_step
-
-    def train_step(*args, **kwargs):
-        t0 = time.monotonic()
-        out = real_step(*args, **kwargs)
-        out = dict(out, real_train_s=time.monotonic() - t0)
-        while (left := t0 + step_s - time.monotonic()) > 0:
-            sleep(min(left, 0.05))
-        return out
-
-    trainer.train_step = train_step
 
 
 # ---------------------------------------------------------------- figures from a run
@@ -326,180 +305,41 @@ def reward_noise_check(a: Sequence[float], b: Sequence[float]) -> tuple[float, f
         return float("nan"), float("nan")
     return statistics.fmean(d), statistics.stdev(d) / math.sqrt(len(d))
 
-# ---------------------------------------------------------------- the system as processes
+# ---------------------------------------------------------------- a run of the system, read back
 
 
-class System(LocalSystem):
-    """redis-server, a file:// bucket, `brigade proxy` and `brigade janitor`, plus learner and worker
-    hosts; everything under `root`, started on entering and stopped on leaving."""
+def run_metrics(sysm: AuditedSystem, run: str) -> tuple[list[dict], object]:
+    """The run's step metrics, by step, and its RunState, through the proxy."""
+    from brigade_cli.up import poll_run
 
-    def __init__(self, root: Path, janitor_interval: float = 1.0):
-        super().__init__(root, env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore",
-                                        TOKENIZERS_PARALLELISM="false"))
-        self.signals = self.root / "signals"
-        self.janitor_interval = janitor_interval
-
-    def __enter__(self) -> System:
-        self.start()
-        return self
-
-    def start(self) -> None:
-        self.signals.mkdir(parents=True, exist_ok=True)
-        self.start_servers()
-        self.start_proxy()
-        self.spawn("janitor", ["janitor", "--interval", str(self.janitor_interval),
-                               "--lock-ttl-ms", str(int(self.janitor_interval * 5000))])
-
-    # ------------------------------------------------------------ runs and hosts
-
-    def learner_host(self, runs: Sequence[str], learner_step_s: float = 0.0) -> Service:
-        return self.spawn("learner", ["--proxy", self.proxy, "--bucket", self.bucket,
-                                      "--runs", ",".join(runs), "--signals", str(self.signals),
-                                      "--learner-step-s", str(learner_step_s)], module="brigade_bench.system")
-
-    def worker_host(self, worker_id: str, factor: float, runs: Sequence[str], delay: DelayModel,
-                    name: str = "") -> Service:
-        return self.spawn(name or f"rollout-{worker_id}", [
-            "--proxy", self.proxy, "--bucket", self.bucket, "--runs", ",".join(runs), "--signals", str(self.signals),
-            "--worker-id", worker_id, "--speed-factor", str(factor), "--delay", json.dumps(asdict(delay)),
-            "--engine-log", str(self.logs / f"engine-{worker_id}.jsonl"), "--device", "cpu"],
-            module="brigade_testing.slow_worker")
-
-    def signal(self, name: str) -> float:
-        t = time.time()
-        (self.signals / name).touch()
-        return t
-
-    def wait_signals(self, names: Sequence[str], timeout: float, hosts: Sequence[Service] = ()) -> None:
-        deadline = time.monotonic() + timeout
-        while not all((self.signals / n).exists() for n in names):
-            for h in hosts:
-                if not h.alive():
-                    raise RuntimeError(f"{h.name} exited with {h.proc.returncode}:\n{h.tail()}")
-            if time.monotonic() > deadline:
-                missing = [n for n in names if not (self.signals / n).exists()]
-                raise TimeoutError(f"no {missing} after {timeout:.0f}s")
-            time.sleep(0.05)
-
-    def metrics(self, run: str) -> tuple[list[dict], object]:
-        from brigade_cli.up import poll_run
-
-        metrics, state, _, _ = asyncio.run(poll_run(self.proxy, "", run))
-        return sorted(metrics, key=lambda m: m["step"]), state
-
-    def events(self, run: str) -> list[Event]:
-        import redis
-
-        from brigade import keys
-
-        r = redis.Redis.from_url(self.redis_url)
-        try:
-            rows = r.xrange(keys.RunKeys(run).events, "-", "+")
-        finally:
-            r.close()
-        out = []
-        for entry_id, fields in rows:
-            attrs = {k.decode(): v.decode() for k, v in fields.items()}
-            out.append(Event(attrs.pop("type", ""), int(entry_id.decode().split("-")[0]) / 1000, attrs))
-        return out
-
-    def engine_log(self, run: str) -> list[dict]:
-        rows = []
-        for path in self.logs.glob("engine-*.jsonl"):
-            for line in path.read_text().splitlines():
-                with contextlib.suppress(ValueError):
-                    row = json.loads(line)
-                    if row.get("run") == run:
-                        rows.append(row)
-        return rows
-
-    def rollout_rewards(self, run: str) -> dict[int, list[float]]:
-        """policy version -> every scored sample's reward of the rollouts generated with it (from the
-        text sidecars the workers upload next to each rollout object)."""
-        out: dict[int, list[float]] = {}
-        for path in (self.root / "bucket" / "runs" / run / "rollouts").glob("*/attempt-*.json"):
-            with contextlib.suppress(ValueError, OSError):
-                doc = json.loads(path.read_text())
-                rewards = [r["reward"] for r in doc["samples"] if r.get("reward") is not None]
-                out.setdefault(int(doc["policy_version"]), []).extend(rewards)
-        return out
-
-    def run_until(self, run: str, steps: int, timeout: float, hosts: Sequence[Service] = (),
-                  tick: Callable[[float], None] | None = None) -> tuple[float, bool]:
-        """Start `run` (the learner and workers are waiting for its go signal) and wait until the
-        learner has finished `steps` steps. Returns (go time, finished in time)."""
-        t_go = self.signal(f"go-{run}")
-        deadline = time.monotonic() + timeout
-        done = self.signals / f"done-learner-{run}"
-        while not done.exists():
-            if time.monotonic() > deadline:
-                return t_go, False
-            for h in hosts:  # a host that died (not one we killed: those are not passed here) ends the run
-                if not h.alive() and not done.exists() and (h.name == "learner" or h.proc.returncode != 0):
-                    raise RuntimeError(f"{h.name} exited with {h.proc.returncode}:\n{h.tail()}")
-            if tick is not None:
-                tick(t_go)
-            time.sleep(0.1)
-        return t_go, True
-
-    def run_result(self, run: str, steps: int, t_go: float, finished: bool, workers: int,
-                   killed: dict[str, float] | None = None) -> dict:
-        """What a benchmark keeps of a run after `run_until`: its first `steps` metrics, its events,
-        when it went and ended, and its figures."""
-        metrics = self.metrics(run)[0][:steps]
-        events = self.events(run)
-        t_end = metrics[-1]["time_unix"] if metrics else time.time()
-        return {"metrics": metrics, "events": events, "t_go": t_go, "t_end": t_end, "finished": finished,
-                "figures": run_figures(metrics, events, t_go, workers, killed=killed)}
+    metrics, state, _, _ = asyncio.run(poll_run(sysm.proxy, sysm.token, run))
+    return sorted(metrics, key=lambda m: m["step"]), state
 
 
-# ---------------------------------------------------------------- the learner host (a child process)
+def run_events(sysm: AuditedSystem, run: str) -> list[Event]:
+    """The run's event stream, from Redis."""
+    import redis
+
+    from brigade import keys
+
+    r = redis.Redis.from_url(sysm.redis_url)
+    try:
+        rows = r.xrange(keys.RunKeys(run).events, "-", "+")
+    finally:
+        r.close()
+    out = []
+    for entry_id, fields in rows:
+        attrs = {k.decode(): v.decode() for k, v in fields.items()}
+        out.append(Event(attrs.pop("type", ""), int(entry_id.decode().split("-")[0]) / 1000, attrs))
+    return out
 
 
-async def _learner_host(a: argparse.Namespace) -> None:
-    from brigade.bucket import open_bucket
-    from brigade.log import configure_logging
-    from brigade.rpc import ProxyClient
-    from brigade.v1 import brigade_pb2 as pb
-    from brigade_learner.learner import Learner, LearnerConfig
-    from brigade_learner.trainer import Trainer
-    from brigade_testing.slow_worker import wait_for_file
-
-    configure_logging("learner", "info")
-    signals = Path(a.signals)
-    main = asyncio.current_task()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main.cancel)
-    for run in a.runs.split(","):
-        client = ProxyClient.connect(a.proxy)
-        bucket = open_bucket(a.bucket)
-        try:
-            await bucket.ensure()
-            spec = (await client.runs.GetRun(pb.RunRef(run_id=run), timeout=30)).spec
-            trainer = await asyncio.to_thread(Trainer.create, spec)
-            if a.learner_step_s > 0:
-                simulate_learner_device(trainer, a.learner_step_s)
-            learner = Learner(LearnerConfig(proxy=a.proxy, bucket=a.bucket, run=run), spec, bucket, client, trainer)
-            (signals / f"ready-learner-{run}").touch()
-            await wait_for_file(signals / f"go-{run}")
-            await learner.run()
-            (signals / f"done-learner-{run}").touch()
-        finally:
-            await bucket.close()
-            await client.close()
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    """The learner host (`python -m brigade_bench.system`)."""
-    p = argparse.ArgumentParser(prog="python -m brigade_bench.system")
-    p.add_argument("--proxy", required=True)
-    p.add_argument("--bucket", required=True)
-    p.add_argument("--runs", required=True, help="comma-separated run ids, served one after the other")
-    p.add_argument("--signals", required=True, help="folder of ready/go/done files")
-    p.add_argument("--learner-step-s", type=float, default=0.0,
-                   help="simulated duration of one GRPO step on the learner's device (0 = real time)")
-    with contextlib.suppress(asyncio.CancelledError):
-        asyncio.run(_learner_host(p.parse_args(argv)))
-
-
-if __name__ == "__main__":
-    main()
+def run_result(sysm: AuditedSystem, run: str, steps: int, t_go: float, finished: bool, workers: int,
+               killed: dict[str, float] | None = None) -> dict:
+    """What a benchmark keeps of a run after `AuditedSystem.run_until`: its first `steps` metrics, its
+    events, when it went and ended, and its figures."""
+    metrics = run_metrics(sysm, run)[0][:steps]
+    events = run_events(sysm, run)
+    t_end = metrics[-1]["time_unix"] if metrics else time.time()
+    return {"metrics": metrics, "events": events, "t_go": t_go, "t_end": t_end, "finished": finished,
+            "figures": run_figures(metrics, events, t_go, workers, killed=killed)}

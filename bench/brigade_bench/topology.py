@@ -37,7 +37,7 @@ from pathlib import Path
 
 from brigade_bench import system
 from brigade_bench.report import loadavg
-from brigade_cli.system import read_json_lines
+from brigade_harness.system import read_json_lines
 
 FULL = dict(budget_batches=96, ks=(2, 4), local_steps=4, timeout_s=600)
 QUICK = dict(budget_batches=48, ks=(2,), local_steps=4, timeout_s=300)
@@ -102,9 +102,9 @@ def traffic(sizes: dict[str, int], rollout_read: int, k: int, topology: str) -> 
 
 
 def run_config(root: Path, topology: str, k: int, cfg: dict, kill: bool = False) -> dict:
-    from brigade_cli.system import LocalSystem
     from brigade_cli.up import poll_run, spawn_training, write_spec
     from brigade_evaluator.evaluate import evaluate
+    from brigade_harness.system import LocalSystem
 
     name = f"{topology}_k{k}" + ("_kill" if kill else "")
     run_id = f"topo-{name.replace('_', '-')}-{uuid.uuid4().hex[:6]}"

@@ -11,8 +11,6 @@ import json
 import pytest
 import pytest_asyncio
 import torch
-from brigade_aggregator import rounds
-from brigade_aggregator.aggregator import Aggregator, AggregatorConfig
 from proxy_support import PROXY_TOKEN, make_prompts, make_spec, new_run_id
 from safetensors.torch import save as st_save
 
@@ -21,6 +19,9 @@ from brigade.bucket import open_bucket, sha256_hex
 from brigade.rpc import ProxyClient
 from brigade.store import Store
 from brigade.v1 import brigade_pb2 as pb
+from brigade_aggregator import rounds
+from brigade_aggregator.aggregator import Aggregator
+from brigade_aggregator.config import AggregatorConfig
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 A = "base_model.model.layers.0.q_proj.lora_A.weight"

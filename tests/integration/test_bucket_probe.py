@@ -1,5 +1,5 @@
 """The create-only probe (brigade.bucket.probe): moto and a folder refuse a second create-only put, so
-it passes; moto behind tests/faulty_s3.py with `If-None-Match` dropped is a store that ignores the
+it passes; moto behind brigade_testing.faulty_s3 with `If-None-Match` dropped is a store that ignores the
 header, and the learner and the rollout worker refuse it at start with one line naming the store."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import subprocess
 import sys
 
 import pytest
-from faulty_s3 import Faults, start_in_thread
 from proxy_support import BackgroundProxy, SyncClient, make_prompts, make_spec, new_run_id
 
 from brigade.bucket import CreateOnlyIgnored, check_create_only, open_bucket
 from brigade.v1 import brigade_pb2 as pb
+from brigade_testing.faulty_s3 import Faults, start_in_thread
 
 FIRST_PUT = b"brigade create-only probe: first put\n"
 

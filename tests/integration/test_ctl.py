@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 from brigade import keys
 from brigade.v1 import brigade_pb2 as pb
 from brigade_cli.ctl import app
-from brigade_cli.devservers import free_port
+from brigade_harness.devservers import free_port
 
 TOKEN = PROXY_TOKEN
 

@@ -170,7 +170,8 @@ def test_constraints_pin_every_dependency_and_every_install_uses_them():
     assert pins["torch"] == "2.13.0"
     requirements = subprocess.run(
         [sys.executable, str(DOCKER / "requirements.py"), "libs/brigade[ml]", "libs/brigade_cli[plots]",
-         "libs/brigade_testing", *(str(p.parent.relative_to(ROOT)) for p in ROOT.glob("services/*/pyproject.toml")),
+         "libs/brigade_harness", "libs/brigade_testing",
+         *(str(p.parent.relative_to(ROOT)) for p in ROOT.glob("services/*/pyproject.toml")),
          "bench"], capture_output=True, text=True, cwd=ROOT, check=True).stdout.split()
     dev = [line for line in (ROOT / "requirements-dev.txt").read_text().splitlines()
            if line and not line.startswith(("#", "-e"))]

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from brigade_cli.forkserver import ForkServer
-from brigade_cli.system import Service, process_env
+from brigade_harness.system import Service, process_env
 
 
 @pytest.fixture(scope="module")

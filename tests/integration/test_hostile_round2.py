@@ -16,7 +16,7 @@ from brigade.spec import MAX_WORKERS_PER_RUN
 from brigade.store.sweeps import PRUNE_SLICE
 from brigade.v1 import brigade_pb2 as pb
 from brigade.wire import MAX_MANIFEST_BYTES, MAX_RUNS
-from brigade_cli.devservers import start_redis
+from brigade_harness.devservers import start_redis
 
 BAD = grpc.StatusCode.INVALID_ARGUMENT
 

@@ -18,7 +18,7 @@ from proxy_support import adapter_manifest, make_prompts, make_spec, new_run_id
 from brigade import keys
 from brigade.store import Store
 from brigade.v1 import brigade_pb2 as pb
-from brigade_cli.devservers import start_redis
+from brigade_harness.devservers import start_redis
 from brigade_janitor.janitor import LOCK_KEY, Janitor
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")

@@ -86,7 +86,8 @@ async def drive(addr: str, bucket_url: str, run: str, model_dir, stop: asyncio.E
 async def test_the_learner_rejects_every_poison_and_finishes_the_run(tmp_path, redis_url, file_bucket_url):
     import yaml
 
-    from brigade_learner.learner import LearnerConfig, serve
+    from brigade_learner.config import LearnerConfig
+    from brigade_learner.learner import serve
     from brigade_proxy.server import start_server
 
     run = new_run_id("poison")

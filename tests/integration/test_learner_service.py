@@ -32,7 +32,7 @@ from brigade.rollout_format import from_bytes
 from brigade.rpc import ProxyClient
 from brigade.spec_file import build_spec
 from brigade.v1 import brigade_pb2 as pb
-from brigade_cli.devservers import start_redis
+from brigade_harness.devservers import start_redis
 from brigade_learner import checkpoint
 from brigade_learner.trainer import Trainer
 from brigade_testing.tiny import encode_prompts, make_rollout, tiny_model
@@ -273,7 +273,8 @@ async def test_publish_and_checkpoint_every_two_steps_in_process(tmp_path, redis
     """publish_every / checkpoint_every 2, int8 payload, TIS + recompute: versions still contiguous,
     acks wait for the checkpoint, and a second learner continues where the first stopped; the
     bucket keeps the newest two checkpoints."""
-    from brigade_learner.learner import LearnerConfig, serve
+    from brigade_learner.config import LearnerConfig
+    from brigade_learner.learner import serve
     from brigade_proxy.server import start_server
 
     run = f"every2-{os.getpid()}-{int(time.time())}"
@@ -326,7 +327,8 @@ async def test_redis_restart_between_delivery_and_reply_strands_no_batch(tmp_pat
     it. The learner reads its pending entries again after the failed pull and trains it; nothing
     is left holding an admission slot."""
     from brigade.store.learner import Learner as StoreLearner
-    from brigade_learner.learner import LearnerConfig, serve
+    from brigade_learner.config import LearnerConfig
+    from brigade_learner.learner import serve
     from brigade_proxy.server import start_server
 
     redis_server = start_redis(tmp_path / "redis", appendonly=True)
@@ -377,7 +379,8 @@ async def test_redis_restart_between_delivery_and_reply_strands_no_batch(tmp_pat
 async def train_with_driver(redis_url: str, bucket_url: str, run: str, model_dir: Path, spec_path: Path,
                             gate: asyncio.Event, parked: asyncio.Event) -> None:
     """The proxy in this process, `drive_workers` as the fleet, the learner until it finishes."""
-    from brigade_learner.learner import LearnerConfig, serve
+    from brigade_learner.config import LearnerConfig
+    from brigade_learner.learner import serve
     from brigade_proxy.server import start_server
 
     server = await start_server(redis_url, "127.0.0.1:0", bucket_url=bucket_url)
@@ -519,7 +522,8 @@ async def test_an_ack_naming_a_batch_redis_lost_still_lands(redis_url):
     from proxy_support import make_prompts, make_spec, new_run_id
 
     from brigade.store import Store
-    from brigade_learner.learner import Learner, LearnerConfig
+    from brigade_learner.config import LearnerConfig
+    from brigade_learner.learner import Learner
     from brigade_proxy.server import start_server
 
     store = Store(redis_url)

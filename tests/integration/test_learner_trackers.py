@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_learner_service import drive_workers, run_learner, write_spec
 
 from brigade.trackers import wandb_offline_steps
-from brigade_cli.devservers import free_port, start_redis
+from brigade_harness.devservers import free_port, start_redis
 from brigade_testing.tiny import tiny_model
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.timeout(240)]

@@ -8,7 +8,7 @@ import signal
 import time
 from pathlib import Path
 
-from brigade_cli.system import LocalSystem, redis_answers
+from brigade_harness.system import LocalSystem, redis_answers
 
 SLEEP = ["-n", "1", "import time; time.sleep(120)"]
 FAIL = ["-n", "1", "raise SystemExit(3)"]

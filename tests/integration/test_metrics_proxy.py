@@ -14,7 +14,7 @@ from proxy_support import make_prompts, make_spec, new_run_id
 
 from brigade.rpc import ProxyClient
 from brigade.v1 import brigade_pb2 as pb
-from brigade_cli.devservers import free_port
+from brigade_harness.devservers import free_port
 
 
 def scrape(port: int) -> dict[tuple[str, frozenset], float]:

@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from brigade_cli.devservers import free_port
+from brigade_harness.devservers import free_port
 
 
 def scrape_when_up(proc: subprocess.Popen, port: int, ready, timeout_s: float = 60) -> dict[str, float]:

@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 from brigade import keys
 from brigade.errors import LegacyKeys
 from brigade.store import Store
-from brigade_cli.devservers import start_redis
 from brigade_cli.main import app
+from brigade_harness.devservers import start_redis
 from brigade_janitor.janitor import Janitor
 
 

@@ -16,7 +16,7 @@ from proxy_support import adapter_manifest, make_prompts, make_spec, manifest_fo
 from brigade import keys
 from brigade.rpc import ProxyClient, open_channel
 from brigade.v1 import brigade_pb2 as pb
-from brigade_cli.devservers import free_port
+from brigade_harness.devservers import free_port
 from brigade_proxy.server import start_server
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")

@@ -18,7 +18,7 @@ from proxy_support import make_prompts, make_spec, new_run_id
 
 from brigade.v1 import brigade_pb2 as pb
 from brigade.v1 import brigade_pb2_grpc as pbg
-from brigade_cli.devservers import free_port, free_port_run, wait_for_port
+from brigade_harness.devservers import free_port, free_port_run, wait_for_port
 
 
 def test_proxy_process_serves_and_stops_on_sigterm(redis_url, tmp_path):

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from brigade.resp import _MORE, PipelinedRedis, Replies, ReplyError, pack
-from brigade_cli.devservers import start_redis
+from brigade_harness.devservers import start_redis
 
 aio = pytest.mark.asyncio(loop_scope="session")
 

@@ -27,7 +27,7 @@ from brigade.rpc import is_transient
 from brigade.store import Store
 from brigade.v1 import brigade_pb2 as pb
 from brigade.v1 import brigade_pb2_grpc as pbg
-from brigade_cli.devservers import free_port, start_redis, wait_for_port
+from brigade_harness.devservers import free_port, start_redis, wait_for_port
 
 IDLE_S = 12.5  # past redis-py 8's 5 s socket timeout, twice over
 

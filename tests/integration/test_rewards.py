@@ -14,8 +14,9 @@ import pytest
 
 from brigade import reward_builtins, rewards
 from brigade.reward_builtins import math_reward
+from brigade.reward_call import RewardCall
 from brigade.reward_sandbox import RqSandbox
-from brigade.rewards import RewardCall, RewardRejected, RewardSet, Scores, clean
+from brigade.rewards import RewardRejected, RewardSet, Scores, clean
 
 # ---------------------------------------------------------------- functions used by reference below
 

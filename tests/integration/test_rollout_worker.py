@@ -25,10 +25,11 @@ from brigade.rollout_format import Rollout, from_bytes
 from brigade.rpc import ProxyClient
 from brigade.store import Store, leases
 from brigade.v1 import brigade_pb2 as pb
-from brigade_cli.devservers import free_port
-from brigade_cli.system import LocalSystem
+from brigade_harness.devservers import free_port
+from brigade_harness.system import LocalSystem
 from brigade_proxy.server import start_server
-from brigade_rollout.worker import Worker, WorkerConfig
+from brigade_rollout.config import WorkerConfig
+from brigade_rollout.worker import Worker
 from brigade_testing.slow_engine import SlowEngine
 from brigade_testing.tiny import demo_prompts, tiny_model, tiny_spec
 

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from brigade_bench.scale import _batches_part, _janitor_part, fit_exponent
-from brigade_cli.devservers import start_redis
+from brigade_harness.devservers import start_redis
 
 
 def test_fit_exponent():

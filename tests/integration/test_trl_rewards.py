@@ -17,7 +17,8 @@ import torch
 
 from brigade.config import ConfigError
 from brigade.datasets import to_prompt
-from brigade.rewards import RewardCall, RewardSet, TrainerState
+from brigade.reward_call import RewardCall, TrainerState
+from brigade.rewards import RewardSet
 from brigade.rollout_format import from_bytes
 from brigade.spec_file import build_spec
 from brigade.task import check_task

@@ -12,7 +12,9 @@ import pytest
 
 from brigade_bench import fleet, preemption, report, system
 from brigade_bench.system import Event
+from brigade_testing.audited_system import AuditedSystem
 from brigade_testing.slow_engine import DelayModel, SlowEngine, batch_key
+from brigade_testing.slow_learner import simulate_learner_device
 
 
 def test_theoretical_ratio():
@@ -83,7 +85,7 @@ def test_simulated_learner_device():
             return {"loss": 1.0}
 
     t = T()
-    system.simulate_learner_device(t, 0.05)
+    simulate_learner_device(t, 0.05)
     t0 = time.monotonic()
     out = t.train_step([])
     assert time.monotonic() - t0 >= 0.045 and out["loss"] == 1.0 and out["real_train_s"] < 0.05
@@ -192,7 +194,7 @@ def test_tiny_real_system(tmp_path: Path):
     """Proxy, janitor, learner host and two worker hosts as processes: one async run of 2 steps."""
     d = DelayModel(per_token_s=0.005, median_tokens=10, sigma=0.5, cap_tokens=30)
     run = "tiny-system"
-    with system.System(tmp_path) as sysm:
+    with AuditedSystem.for_hosts(tmp_path) as sysm:
         sysm.create_run(fleet.fleet_spec(run, sync=False, steps=2, max_staleness=2, batches_per_step=2))
         hosts = [sysm.learner_host([run], learner_step_s=0.05)]
         hosts += [sysm.worker_host(f"w{i}", f, [run], d) for i, f in enumerate((1.0, 2.0))]
@@ -201,8 +203,8 @@ def test_tiny_real_system(tmp_path: Path):
         sysm.wait_signals([f"ready-learner-{run}", f"ready-w0-{run}", f"ready-w1-{run}"], 300, hosts)
         t_go, finished = sysm.run_until(run, 2, 300, hosts)
         assert finished
-        metrics, state = sysm.metrics(run)
-        events = sysm.events(run)
+        metrics, state = system.run_metrics(sysm, run)
+        events = system.run_events(sysm, run)
         engine = sysm.engine_log(run)
         by_version = sysm.rollout_rewards(run)
     f = system.run_figures(metrics, events, t_go, workers=2)

@@ -40,9 +40,11 @@ from collections import Counter
 
 import botocore.exceptions
 import pytest
-from chaos_support import System, aof_tail_file, chaos_spec, s3_client, show_report
+from chaos_support import aof_tail_file, chaos_spec, show_report
 
 from brigade import keys
+from brigade_testing.audited_system import AuditedSystem
+from brigade_testing.bucket_watch import s3_client
 
 LONG = os.environ.get("BRIGADE_CHAOS_LONG", "") not in ("", "0")
 
@@ -70,7 +72,7 @@ class LearnerAssassin(threading.Thread):
     an armed step number: the step is trained, and its checkpoint, adapter, publish and ack are
     under way (or not started). Restarting it is the main loop's job."""
 
-    def __init__(self, system: System, steps: tuple[int, ...]):
+    def __init__(self, system: AuditedSystem, steps: tuple[int, ...]):
         super().__init__(name="learner-assassin", daemon=True)
         self.s, self.steps = system, list(steps)
         self.kills: list[dict] = []
@@ -135,7 +137,7 @@ class LearnerAssassin(threading.Thread):
 class Chaos:
     """The kill schedule, driven by the learner's progress and the clock."""
 
-    def __init__(self, system: System, seed: int):
+    def __init__(self, system: AuditedSystem, seed: int):
         self.s = system
         self.rng = random.Random(seed)
         self.assassin = LearnerAssassin(system, LEARNER_KILL_STEPS)
@@ -233,7 +235,7 @@ def test_chaos(tmp_path, one_torch_thread, capsys):
     speeds = {i: ["--speed-factor", str(WORKER_SPEED)] for i in range(2)}
     speeds[2] = ["--speed-factor", str(SLOW_WORKER_SPEED), "--capacity-class", "on-demand"]
     spec = chaos_spec(run, MAX_STEPS, staleness={"lease_seconds": 5})
-    with System(tmp_path, spec, workers=3, worker_args=speeds) as system:
+    with AuditedSystem(tmp_path, spec, workers=3, worker_args=speeds) as system:
         system.start()
         chaos = Chaos(system, seed=int.from_bytes(os.urandom(4), "big"))
         chaos.assassin.start()
@@ -296,7 +298,7 @@ class AofSizes(threading.Thread):
         return older[-1] if older else None
 
 
-def crash_redis(system: System, sizes: AofSizes) -> dict:
+def crash_redis(system: AuditedSystem, sizes: AofSizes) -> dict:
     """SIGKILL Redis, cut its AOF back by the last second, start it again."""
     killed_at = time.monotonic()
     system.redis.kill()
@@ -317,7 +319,7 @@ def test_chaos_redis_crash_loses_its_last_second(tmp_path, one_torch_thread, cap
     spec = chaos_spec(run, CRASH_MAX_STEPS, staleness={"lease_seconds": 5})
     speeds = {i: ["--speed-factor", str(WORKER_SPEED)] for i in range(2)}
     crashes, pending = [], list(REDIS_CRASH_STEPS)
-    with System(tmp_path, spec, workers=2, worker_args=speeds) as system:
+    with AuditedSystem(tmp_path, spec, workers=2, worker_args=speeds) as system:
         system.start()
         sizes = AofSizes(system.redis.workdir)
         sizes.start()

@@ -1,9 +1,10 @@
 """Chaos, topology local_sgd: local trainers and the aggregator die at any moment, and nothing is
 merged twice, no contribution vanishes and no round is overwritten.
 
-A real run (chaos_support's System: redis-server with its append-only file, moto's S3 server, `brigade
-proxy`, `brigade janitor`, a bearer token) with `brigade aggregator` and 3 `brigade trainer` processes
-(M = 2 of K = 3, so some contributions arrive late and are down-weighted or dropped). While it runs,
+A real run (brigade_testing's AuditedSystem: redis-server with its append-only file, moto's S3
+server, `brigade proxy`, `brigade janitor`, a bearer token) with `brigade aggregator` and 3 `brigade
+trainer` processes (M = 2 of K = 3, so some contributions arrive late and are down-weighted or
+dropped). While it runs,
 a trainer holding a round of leases is SIGKILLed once the run has passed rounds 1, 3 and 5 (by
 progress, not by time: a fast machine gets the same kills) and replaced by a new one (a new id, as a
 new spot VM), and the aggregator is SIGKILLed the moment it logs a round as recorded (its
@@ -33,10 +34,12 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from chaos_support import System, chaos_spec, locate_batches, show_report
+from chaos_support import chaos_spec, show_report
 
 from brigade import keys
 from brigade.v1 import brigade_pb2 as pb
+from brigade_testing.audit import locate_batches
+from brigade_testing.audited_system import AuditedSystem
 
 ROUNDS = 8
 TRAINERS = 3
@@ -47,8 +50,9 @@ TIMEOUT_S = 240
 pytestmark = pytest.mark.timeout(TIMEOUT_S + 120)
 
 
-class LocalSgdSystem(System):
-    """chaos_support's System with the aggregator and local trainers in place of learner and workers."""
+class LocalSgdSystem(AuditedSystem):
+    """brigade_testing's AuditedSystem with the aggregator and local trainers in place of learner and
+    workers."""
 
     driver = "aggregator"
     fleet = "trainer-"
@@ -127,12 +131,11 @@ class LocalSgdSystem(System):
     async def _rounds(self) -> dict:
         """Every round record, read directly from moto: the merged ids it added, the batches it
         consumed, and whether its master encodes to the published adapter's bytes."""
-        from brigade_aggregator import rounds
-
         from brigade import adapters
         from brigade.bucket import sha256_hex
         from brigade.bucket.s3 import S3Bucket
-        from brigade_cli.devservers import MOTO_ENV
+        from brigade_aggregator import rounds
+        from brigade_harness.devservers import MOTO_ENV
 
         os.environ.update(MOTO_ENV)
         bucket = S3Bucket(self.bucket, endpoint_url=self.moto.url)

@@ -20,13 +20,14 @@ import time
 import uuid
 
 import pytest
-from chaos_support import System, chaos_spec, show_report
-from faulty_s3 import Faults, start_in_thread
+from chaos_support import chaos_spec, show_report
 
 from brigade import keys
 from brigade.bucket import BucketError, CorruptObject, sha256_hex
 from brigade.bucket.s3 import READ_ATTEMPTS, S3Bucket
 from brigade.v1 import brigade_pb2 as pb
+from brigade_testing.audited_system import AuditedSystem
+from brigade_testing.faulty_s3 import Faults, start_in_thread
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -178,7 +179,7 @@ def test_learner_resume_survives_a_torn_or_corrupted_checkpoint_read(faulty, tmp
 # ---------------------------------------------------------------- a whole run
 
 
-def redis_snapshot(system: System) -> dict:
+def redis_snapshot(system: AuditedSystem) -> dict:
     """Everything that defines the run's coordination state, read while every service is frozen."""
     k = keys.RunKeys(system.run)
     with system.r() as r:
@@ -206,7 +207,7 @@ def test_run_survives_s3_faults_corruption_and_a_redis_restart(tmp_path, one_tor
                     skip=lambda method, path: method == "PUT" and "/rollouts/" in path)
     spec = chaos_spec(f"faults-{uuid.uuid4().hex[:8]}", max_steps, staleness={"lease_seconds": 8})
     speeds = {i: ["--speed-factor", "100"] for i in range(2)}
-    with System(tmp_path, spec, workers=2, faults=faults, worker_args=speeds) as system:
+    with AuditedSystem(tmp_path, spec, workers=2, faults=faults, worker_args=speeds) as system:
         system.start()
         system.wait_until(lambda: system.learner_step() >= 4, 240, "step 4")
         system.wait_until(lambda: bool(system.lease_holders()), 60, "a lease in flight")

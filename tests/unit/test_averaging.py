@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from brigade_aggregator.averaging import Delta, average, averaging_error, modules, outer_step, weights
 
 from brigade.adapters import trained_names
+from brigade_aggregator.averaging import Delta, average, averaging_error, modules, outer_step, weights
 
 D_IN, D_OUT, R = 12, 10, 4
 

@@ -13,8 +13,8 @@ import pytest
 from brigade.spec import RUN_ID_RE
 from brigade_cli.local_runs import ENDPOINT, SNAPSHOT, find_local_run, write_endpoint
 from brigade_cli.plots import robust_top
-from brigade_cli.system import Service
 from brigade_cli.up import default_run_id, recent_rate, summarize
+from brigade_harness.system import Service
 
 
 def test_samples_per_second_is_the_recent_rate_not_the_average_since_launch():

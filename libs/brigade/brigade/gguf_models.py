@@ -26,6 +26,7 @@ from pathlib import Path
 
 from brigade.config import ConfigError
 from brigade.mirror import build_lock, cache_dir
+from brigade.pretrained import from_pretrained
 
 # written last into a converted folder: what it came from, for people and for a check that it is complete
 MARKER = "brigade-gguf.json"
@@ -135,8 +136,6 @@ def _convert(source: Path, out: Path, log) -> None:
 def _write_folder(source: Path, tmp: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from brigade.model import from_pretrained
 
     kw = {"gguf_file": source.name}
     tokenizer = AutoTokenizer.from_pretrained(str(source.parent), **kw)

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import functools
 import inspect
-import threading
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from brigade.mirror import is_bucket_uri, mirror
+from brigade.pretrained import from_pretrained
 from brigade.v1 import brigade_pb2 as pb
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -58,17 +58,6 @@ def pinned(spec: pb.RunSpec) -> dict:
     trust_remote_code (off unless the spec says so)."""
     return {"revision": spec.revision or None, "trust_remote_code": spec.trust_remote_code}
 
-
-# transformers swaps process-wide state while from_pretrained builds a model (PreTrainedModel.tie_weights
-# and init_weights become no-ops, torch.linspace is patched, new parameters go to the meta device): two
-# loads at once in threads of one process left a tied lm_head on the meta device in 27 of 30 loads here.
-_FROM_PRETRAINED = threading.RLock()
-
-
-def from_pretrained(cls: type, *args, **kwargs):
-    """`cls.from_pretrained(*args, **kwargs)`, one at a time in this process (every model brigade loads)."""
-    with _FROM_PRETRAINED:
-        return cls.from_pretrained(*args, **kwargs)
 
 
 def load_tokenizer(spec: pb.RunSpec, path: str | None = None) -> PreTrainedTokenizerBase:

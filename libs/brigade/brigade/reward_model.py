@@ -19,7 +19,8 @@ class RewardModel:
     def load(cls, name: str, device: str = "cpu", trust_remote_code: bool = False, revision: str = "") -> RewardModel:
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-        from brigade.model import from_pretrained, pick_device, resolve_model
+        from brigade.model import pick_device, resolve_model
+        from brigade.pretrained import from_pretrained
 
         path = resolve_model(name)
         pinned = {"revision": revision or None, "trust_remote_code": trust_remote_code}

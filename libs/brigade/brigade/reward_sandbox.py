@@ -17,14 +17,11 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import structlog
 
 from brigade.proc import die_with_parent
-
-if TYPE_CHECKING:
-    from brigade.rewards import RewardCall
+from brigade.reward_call import RewardCall
 
 log = structlog.get_logger()
 

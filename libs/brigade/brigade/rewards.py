@@ -10,8 +10,8 @@ dataset holds it (a string, or a list of messages); `completions` are strings, o
 `[{"role": "assistant", "content": text}]` when the prompt is conversational; `columns` are every
 other dataset column with its type (an int stays an int), repeated per completion like `prompts`.
 `trainer_state` has `global_step`: the learner version the samples were generated for (see
-TrainerState). `log_metric(name, value)` and `log_extra(column, values)` land in the learner's
-step metrics (`metric/{name}`, `extra/{column}`, averaged over the step) and in the text sidecar.
+brigade.reward_call.TrainerState). `log_metric(name, value)` and `log_extra(column, values)` land
+in the learner's step metrics (`metric/{name}`, `extra/{column}`, averaged over the step) and in the text sidecar.
 `async def` functions are awaited, concurrently with the others.
 
 A run names its functions in `spec.rewards` (function, weight, kwargs, sandboxed, timeout_s):
@@ -57,6 +57,7 @@ from typing import Any
 
 import structlog
 
+from brigade.reward_call import RewardCall
 from brigade.reward_sandbox import RqSandbox, as_coroutine, in_daemon_thread, on_async_loop
 
 log = structlog.get_logger()
@@ -71,18 +72,6 @@ ARGUMENTS = ("prompts", "completions", "completion_ids", "trainer_state", "log_e
 
 class RewardRejected(ValueError):
     """A reward function's result for one batch that cannot be used (wrong count, not finite)."""
-
-
-@dataclass
-class TrainerState:
-    """What a reward function gets as `trainer_state`: the fields of transformers' TrainerState a
-    reward schedule reads. `global_step` is the learner version the samples were generated for
-    (the learner's step count when that adapter was published)."""
-
-    global_step: int = 0
-    max_steps: int = 0          # 0 = until stopped
-    epoch: float = 0.0          # the prompt set's pass the batch belongs to
-    num_train_epochs: int = 0   # 0 = unbounded
 
 
 def resolve(name: str, kwargs_json: str = "", **model_options) -> Callable[..., list]:
@@ -235,36 +224,6 @@ def run_reward_job(function: str, call: RewardCall, kwargs_json: str = "") -> di
 
 
 # ---------------------------------------------------------------- the set a run uses
-
-
-@dataclass
-class RewardCall:
-    """The arguments of one batch's reward calls, as TRL passes them."""
-
-    prompts: list                         # str, or a list of messages, per completion
-    completions: list                     # str, or [{"role": "assistant", "content": ...}], per completion
-    completion_ids: list[list[int]] | None
-    columns: dict[str, list]              # dataset columns, native types, per completion
-    trainer_state: TrainerState = field(default_factory=TrainerState)
-
-    @classmethod
-    def for_samples(cls, prompts: Sequence, samples: Sequence, texts: Sequence[str], trainer_state: TrainerState,
-                    ) -> RewardCall:
-        """From a batch's Prompt messages and the samples generated for them (each with `.group`,
-        the prompt's index, and `.completion_ids`), with their decoded texts."""
-        from brigade.datasets import prompt_value, row_columns
-
-        values = [prompt_value(p) for p in prompts]
-        rows = [row_columns(p) for p in prompts]
-        names = sorted({k for row in rows for k in row})
-        chat = [isinstance(values[s.group], list) for s in samples]
-        return cls(
-            prompts=[values[s.group] for s in samples],
-            completions=[[{"role": "assistant", "content": t}] if c else t for t, c in zip(texts, chat, strict=True)],
-            completion_ids=[list(s.completion_ids) for s in samples],
-            columns={k: [rows[s.group].get(k) for s in samples] for k in names},
-            trainer_state=trainer_state,
-        )
 
 
 @dataclass

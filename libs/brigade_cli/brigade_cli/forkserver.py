@@ -48,7 +48,8 @@ PRELOAD = [
 
 
 class ForkedProcess:
-    """The part of `subprocess.Popen` that `brigade_cli.system.Service` uses, for a fork server's child."""
+    """The part of `subprocess.Popen` that `brigade_harness.system.Service` uses, for a fork server's
+    child."""
 
     def __init__(self, pid: int, server: ForkServer):
         self.pid, self.server = pid, server
@@ -89,7 +90,8 @@ class ForkedProcess:
 
 class ForkServer:
     """Start the server process (`python -m brigade_cli.forkserver`) in `env`; `spawn` waits until
-    it has imported everything and forks a child per call."""
+    it has imported everything and forks a child per call. A `brigade_harness.system.LocalSystem`
+    given it as its forker starts the commands it `forks` from it."""
 
     def __init__(self, env: dict[str, str]):
         self.dir = Path(tempfile.mkdtemp(prefix="brigade-fork-"))  # short: a unix socket path is <= 107 bytes
@@ -102,6 +104,12 @@ class ForkServer:
 
     def alive(self) -> bool:
         return self.proc.poll() is None
+
+    @staticmethod
+    def forks(module: str, args: list[str]) -> bool:
+        """Whether `python -m module *args` is a command this server forks: a `brigade` command that
+        needs torch."""
+        return module == "brigade_cli.main" and bool(args) and args[0] in FORKED
 
     def spawn(self, args: list[str], env: dict[str, str], log: Path, timeout: float = 120.0) -> ForkedProcess:
         request = json.dumps({"args": args, "env": env, "log": str(log), "cwd": os.getcwd()}).encode() + b"\n"

@@ -1,11 +1,12 @@
 """The single `brigade` entry point. Service commands live in their service folders and keep heavy
 imports (torch, transformers) inside the command body, so `brigade proxy`, `brigade janitor` and
-`brigade ctl` start without them."""
+`brigade ctl` start without them. Other distributions add commands of their own through entry points
+(PLUGIN_GROUP): `brigade bench` is the benchmarks' (bench/), which this package never imports."""
 
 from __future__ import annotations
 
 import importlib
-import json
+import importlib.metadata
 
 import typer
 
@@ -46,6 +47,14 @@ LOCAL_COMMANDS = {
 SUB_APPS = {
     "ctl": "brigade_cli.ctl:app",
 }
+# Entry points of this group are typer command functions, mounted under their names (a distribution's
+# pyproject: [project.entry-points."brigade.commands"] bench = "brigade_bench.cli:bench"); each keeps
+# its heavy imports inside its body. One that is not installed says how to get it.
+PLUGIN_GROUP = "brigade.commands"
+PLUGIN_HINTS = {
+    "bench": ("the benchmarks (bench/ of a checkout) are not installed here; "
+              "`make install` or `pip install -e bench`"),
+}
 
 
 def _load(target: str):
@@ -54,13 +63,34 @@ def _load(target: str):
 
 
 def _not_installed(name: str, distribution: str):
+    return _missing(name, f"the {distribution} package is not installed here "
+                          f"(pip install {distribution}, or `make install` in a checkout)",
+                    f"(not installed: pip install {distribution})")
+
+
+def _missing(name: str, message: str, doc: str):
     def command() -> None:
-        typer.echo(f"brigade {name}: the {distribution} package is not installed here "
-                   f"(pip install {distribution}, or `make install` in a checkout)", err=True)
+        typer.echo(f"brigade {name}: {message}", err=True)
         raise typer.Exit(2)
 
-    command.__doc__ = f"(not installed: pip install {distribution})"
+    command.__doc__ = doc
     return command
+
+
+def _plugin(entry_point: importlib.metadata.EntryPoint | None):
+    """The command an entry point names; None when its distribution is not installed here."""
+    if entry_point is None:
+        return None
+    try:
+        return entry_point.load()
+    except ModuleNotFoundError as e:  # its metadata outlived its code
+        if (e.name or "").split(".")[0] != entry_point.module.split(".")[0]:
+            raise
+        return None
+
+
+# whatever flags the caller gave a missing command, the answer is the install hint
+ANY_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 
 for _name, (_target, _distribution) in SERVICE_COMMANDS.items():
@@ -69,55 +99,18 @@ for _name, (_target, _distribution) in SERVICE_COMMANDS.items():
     except ModuleNotFoundError as _e:
         if not (_e.name or "").startswith(_target.split(".")[0]):
             raise
-        # whatever flags the caller gave, the answer is the install hint
-        app.command(_name, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
-            _not_installed(_name, _distribution))
+        app.command(_name, context_settings=ANY_ARGS)(_not_installed(_name, _distribution))
 for _name, _target in LOCAL_COMMANDS.items():
     app.command(_name)(_load(_target))
 for _name, _target in SUB_APPS.items():
     app.add_typer(_load(_target), name=_name)
-
-BENCHMARKS = ["bucket", "proxy", "learner", "rollout", "fleet", "sync-latency", "preemption", "topology", "scale",
-              "real"]
-
-
-@app.command()
-def bench(
-    name: str = typer.Argument(..., help=f"One of: {', '.join(BENCHMARKS)}, or 'all'."),
-    as_json: bool = typer.Option(False, "--json", help="Print one flat JSON object as the last line."),
-    quick: bool = typer.Option(False, "--quick", help="Fewer rounds; finishes in a few minutes."),
-    report: str = typer.Option("", "--report", help="With 'all': write a Markdown report here."),
-    repeat: int = typer.Option(0, "--repeat", min=0, show_default=False,
-                               help="Run each benchmark N times in a row; every figure is then its median, with "
-                                    "its worst run as <figure>_worst, and each run's load average is recorded "
-                                    "(default: 3 with --quick, else 5; `real` runs once in full mode, about 35 min)."),
-) -> None:
-    """Run a benchmark; ratios compare with a baseline measured in the same run."""
-    try:
-        importlib.import_module("brigade_bench")
-    except ModuleNotFoundError:
-        typer.echo("brigade bench: the benchmarks (bench/ of a checkout) are not installed here; "
-                   "`make install` or `pip install -e bench`", err=True)
-        raise typer.Exit(2) from None
-    if name == "all":
-        from brigade_bench.report import run_all
-
-        run_all(quick=quick, report_path=report or "bench/report.md", repeat=repeat)
-        return
-    if name not in BENCHMARKS:
-        raise typer.BadParameter(f"unknown benchmark {name!r}; choose from {', '.join(BENCHMARKS)} or all")
-    from brigade_bench.repeat import default_repeat, run_repeated, summarize
-
-    times = repeat or default_repeat(name, quick)
-    result = summarize(run_repeated(name, quick, times))
-    if not as_json:
-        width = max(len(k) for k in result)
-        for key, value in result.items():
-            shown = f"{value:.4g}" if isinstance(value, float) else value
-            typer.echo(f"{key:<{width}}  {shown}")
-    typer.echo(json.dumps(result))
-    if result.get("runs_failed") == times:
-        raise typer.Exit(1)
+_plugins = {ep.name: ep for ep in importlib.metadata.entry_points(group=PLUGIN_GROUP)}
+for _name in sorted(_plugins.keys() | PLUGIN_HINTS.keys()):
+    if (_command := _plugin(_plugins.get(_name))) is not None:
+        app.command(_name)(_command)
+    else:
+        _hint = PLUGIN_HINTS.get(_name, "its distribution is declared but its code is missing here")
+        app.command(_name, context_settings=ANY_ARGS)(_missing(_name, _hint, "(not installed)"))
 
 
 def main() -> None:

@@ -194,7 +194,7 @@ def up(
         import os
 
         from brigade_cli.forkserver import ForkServer
-        from brigade_cli.system import process_env
+        from brigade_harness.system import process_env
 
         forker = ForkServer(process_env(dict(os.environ)))
         atexit.register(forker.close)  # the refusals below exit without reaching the finally
@@ -237,7 +237,7 @@ def up(
     # SIGTERM (a supervisor, CI, `timeout`) stops the run as Ctrl-C does: in order, with a summary
     signal.signal(signal.SIGTERM, _raise_stopped)
     from brigade_cli.local_runs import write_endpoint
-    from brigade_cli.system import LocalSystem
+    from brigade_harness.system import LocalSystem
 
     out_dir.mkdir(parents=True, exist_ok=True)
     system = LocalSystem(out_dir, redis_url=redis_url, appendonly=True, bucket=bucket, port=port, token=token,

@@ -12,13 +12,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import signal
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from brigade.settings import BUCKET, PROXY, TOKEN
 from brigade_testing.slow_engine import DelayModel, SlowEngine
 
 
@@ -46,10 +46,11 @@ async def wait_for_file(path: Path, stopping: asyncio.Event | None = None) -> No
 async def serve(a: argparse.Namespace) -> int:
     from brigade.engine import make_engine
     from brigade.log import configure_logging
-    from brigade_rollout.worker import Worker, WorkerConfig
+    from brigade_rollout.config import WorkerConfig
+    from brigade_rollout.worker import Worker
 
     configure_logging("rollout", a.log_level)
-    token = os.environ.get("BRIGADE_TOKEN", "")
+    token = TOKEN.from_env()
     runs = a.runs.split(",")
     current: list[Worker] = []
     stopping = asyncio.Event()
@@ -83,8 +84,8 @@ async def serve(a: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m brigade_testing.slow_worker")
-    p.add_argument("--proxy", default=os.environ.get("BRIGADE_PROXY", ""))
-    p.add_argument("--bucket", default=os.environ.get("BRIGADE_BUCKET", ""))
+    p.add_argument("--proxy", default=PROXY.from_env())
+    p.add_argument("--bucket", default=BUCKET.from_env())
     p.add_argument("--runs", required=True, help="comma-separated run ids, served one after the other")
     p.add_argument("--worker-id", required=True)
     p.add_argument("--speed-factor", type=float, default=1.0,

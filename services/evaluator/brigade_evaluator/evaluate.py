@@ -33,8 +33,9 @@ async def _evaluate(run: str, version: int, bucket_url: str, redis_url: str, rq_
     from brigade import adapters
     from brigade.bucket import ObjectExists, open_bucket
     from brigade.datasets import eval_prompts, prompt_value
+    from brigade.reward_call import RewardCall, TrainerState
     from brigade.reward_sandbox import RqSandbox
-    from brigade.rewards import RewardCall, RewardSet, TrainerState
+    from brigade.rewards import RewardSet
     from brigade.store import NotFound, Store
     from brigade.v1 import brigade_pb2 as pb
 

@@ -49,8 +49,9 @@ from brigade.engine.base import Stopped
 from brigade.engine.hf import HFEngine
 from brigade.model import load_tokenizer
 from brigade.retry import retry
+from brigade.reward_call import RewardCall, TrainerState
 from brigade.reward_sandbox import RqSandbox
-from brigade.rewards import RewardCall, RewardSet, TrainerState
+from brigade.rewards import RewardSet
 from brigade.rollout_format import Rollout, build_rollout
 from brigade.rpc import ProxyClient, retry_unavailable
 from brigade.service import until_signal

@@ -56,8 +56,9 @@ from brigade.bucket import (
 from brigade.datasets import prompt_value
 from brigade.engine import make_engine
 from brigade.engine.base import Engine, Sample, Stopped
+from brigade.reward_call import RewardCall, TrainerState
 from brigade.reward_sandbox import RqSandbox
-from brigade.rewards import RewardCall, RewardSet, TrainerState
+from brigade.rewards import RewardSet
 from brigade.rollout_format import Rollout, build_rollout, from_bytes
 from brigade.rpc import ProxyClient, describe_rpc_error, is_transient
 from brigade.spec import adapter_slots

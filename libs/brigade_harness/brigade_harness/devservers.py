@@ -1,5 +1,5 @@
-"""Local servers for tests, benchmarks and `brigade up`: a redis-server, a Redis Cluster of three
-masters, and an S3 API (moto).
+"""Local servers for tests, benchmarks and `brigade up` (through brigade_harness.system.LocalSystem):
+a redis-server, a Redis Cluster of three masters, and an S3 API (moto).
 
 They run as child processes on free loopback ports, so nothing shares the machine's own Redis
 on 6379 and nothing competes with the caller for the GIL.

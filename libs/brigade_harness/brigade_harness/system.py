@@ -1,5 +1,5 @@
 """The whole system on one machine, each service its own process, for `brigade up`, the benchmarks
-and the chaos tests.
+and the chaos tests: the harness package's core, beside the servers it starts (brigade_harness.devservers).
 
 `LocalSystem` starts Redis (a given one that answers, else a redis-server of its own; for a given
 Redis Cluster, also a single redis-server for rq's queues unless BRIGADE_RQ_REDIS_URL names one), optionally
@@ -7,6 +7,11 @@ moto's S3 server, and then whatever services its caller spawns (`brigade proxy`,
 `learner`, `rollout`, `evaluator`, or a host module of the caller's that drives a service's own
 classes), each with its log under `root/logs`. It can kill, freeze, thaw and restart any of them,
 restart the ones that died (supervision), and stops everything in order on `close()`.
+
+A service is `python -m module *args` (by default `python -m brigade_cli.main`, the `brigade`
+command) unless the system was given a forker (`brigade up`'s fork server): any object with
+`forks(module, args)`, saying which commands it starts, and `spawn(args, env, log)`, returning a
+process with Popen's interface. The harness imports no launcher: it only runs one.
 """
 
 from __future__ import annotations
@@ -22,14 +27,34 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 from brigade.log import json_env
-from brigade_cli.devservers import MOTO_ENV, ServerProcess, free_port, start_moto, start_redis, wait_for_port
-from brigade_cli.forkserver import FORKED, ForkedProcess, ForkServer
+from brigade_harness.devservers import (
+    MOTO_ENV,
+    ServerProcess,
+    free_port,
+    start_moto,
+    start_redis,
+    wait_for_port,
+)
+
+LAUNCHER = "brigade_cli.main"  # `python -m brigade_cli.main ARGS` is `brigade ARGS`
 
 # stop order: workers and trainers first (they hand their leases back), the learner or the aggregator, then
 # the coordination layer (the janitor and the proxy do not need each other: they stop together)
 STOP_ORDER = {"rollout": 0, "trainer": 0, "evaluator": 0, "learner": 1, "aggregator": 1, "janitor": 2, "proxy": 2}
+
+
+class Forker(Protocol):
+    """What starts some of a system's services in place of a fresh python
+    (brigade_cli.forkserver.ForkServer)."""
+
+    def forks(self, module: str, args: list[str]) -> bool:
+        """Whether `python -m module *args` is one of the commands this forker starts."""
+
+    def spawn(self, args: list[str], env: dict[str, str], log: Path) -> Any:
+        """The command started, as a process with Popen's poll, wait, send_signal, kill and returncode."""
 
 
 @dataclass
@@ -41,10 +66,10 @@ class Service:
     args: list[str]
     log: Path
     env: dict[str, str]
-    proc: subprocess.Popen | ForkedProcess | None = None
+    proc: subprocess.Popen | Any = None                # Popen, or what the forker's spawn returned
     starts: int = 0
     kills: int = 0                                     # lives ended by LocalSystem.kill()
-    forker: ForkServer | None = None                   # forked from it (torch preloaded), else a fresh python
+    forker: Forker | None = None                       # started by it (torch preloaded), else a fresh python
     _terminated: object = None                         # the proc that was sent SIGTERM
 
     def start(self) -> None:
@@ -123,7 +148,7 @@ class LocalSystem:
 
     def __init__(self, root: Path, *, redis_url: str = "", appendonly: bool = False, s3: bool = False,
                  bucket: str = "", port: int = 0, token: str = "", run: str = "",
-                 env: dict[str, str] | None = None, forker: ForkServer | None = None):
+                 env: dict[str, str] | None = None, forker: Forker | None = None):
         self.root = Path(root)
         self.logs = self.root / "logs"
         self.redis_url, self.appendonly, self.s3 = redis_url, appendonly, s3
@@ -136,7 +161,7 @@ class LocalSystem:
         self.rq_redis: ServerProcess | None = None     # ours, when no given one answered
         self.moto: ServerProcess | None = None
         self.services: dict[str, Service] = {}
-        self.forker = forker  # the torch services (FORKED) are forked from it; the rest start as processes
+        self.forker = forker  # the commands it forks (torch services) start from it; the rest as processes
 
     def __enter__(self) -> LocalSystem:
         return self
@@ -178,10 +203,10 @@ class LocalSystem:
             env.update(MOTO_ENV, AWS_ENDPOINT_URL=self.s3_endpoint)
         return env
 
-    def spawn(self, name: str, args: list[str], module: str = "brigade_cli.main") -> Service:
-        """Start `python -m module *args` as service `name` (forked, when the system has a fork
-        server and `args` is a command that needs torch)."""
-        forker = self.forker if module == "brigade_cli.main" and args and args[0] in FORKED else None
+    def spawn(self, name: str, args: list[str], module: str = LAUNCHER) -> Service:
+        """Start `python -m module *args` as service `name` (by the system's forker, when it has one
+        that forks this command)."""
+        forker = self.forker if self.forker is not None and self.forker.forks(module, args) else None
         svc = Service(name, module, args, self.logs / f"{name}.log", self.service_env(), forker=forker)
         self.services[name] = svc
         return self._launch(svc)

@@ -16,7 +16,7 @@ ignores create-only writes; moto checks no signatures, so the request still goes
 Every decision is counted in `stats` (and the keys corrupted are listed), so a test can prove the
 faults really happened. Runs in its own thread (`start_in_thread`) or as a process:
 
-    python tests/faulty_s3.py --upstream http://127.0.0.1:PORT --port 0 --rate 0.05
+    python -m brigade_testing.faulty_s3 --upstream http://127.0.0.1:PORT --port 0 --rate 0.05
 """
 
 from __future__ import annotations
