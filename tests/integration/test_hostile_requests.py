@@ -1,6 +1,8 @@
-"""Hostile input: random and malformed requests to every RPC, wrong and missing tokens, garbage
-bytes and oversized messages. The proxy must answer each with a deliberate status (never
-UNKNOWN, never INTERNAL for a request problem) and keep serving afterwards."""
+"""Hostile requests: random and malformed requests to every RPC (typed fields with random values;
+random, mutated, truncated, bit-flipped and spliced bytes; a corpus of malformed protobuf wire
+data), wrong, missing and almost-matching tokens, and oversized messages to each service. The proxy
+must answer each with a deliberate status (never UNKNOWN, never INTERNAL for a request problem) and
+keep serving afterwards: health, ListRuns and a lease cycle still work."""
 
 from __future__ import annotations
 
@@ -21,17 +23,20 @@ from proxy_support import (
     status_of,
 )
 
+from brigade import keys
 from brigade.rpc import MAX_MESSAGE_BYTES
 from brigade.v1 import brigade_pb2 as pb
 
 TOKEN = PROXY_TOKEN
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+METHODS = [(service.full_name, method) for service in pb.DESCRIPTOR.services_by_name.values()
+           for method in service.methods]
 
 
 @pytest.fixture(scope="module")
 def run(proxy_client):
     run = new_run_id("h")
-    proxy_client.runs.CreateRun(pb.CreateRunRequest(spec=make_spec(run), prompts=make_prompts(20)), metadata=proxy_client.metadata)
+    proxy_client.runs.CreateRun(pb.CreateRunRequest(spec=make_spec(run), prompts=make_prompts(40)), metadata=proxy_client.metadata)
     return run
 
 
@@ -200,3 +205,178 @@ def test_oversized_message(token_proxy, proxy_client):
         run_id=run, lease_id=lease.lease.lease_id, worker_id="after",
         manifest=manifest_for(run, lease.lease, "after")), metadata=proxy_client.metadata)
     assert not done.duplicate
+
+
+# ---------------------------------------------------------------- raw bytes on the wire
+
+
+def raw_call(channel: grpc.Channel, service: str, method):
+    """The method on the wire: bytes in, bytes out, no client-side parsing."""
+    path = f"/{service}/{method.name}"
+    if method.server_streaming:
+        return channel.unary_stream(path, request_serializer=None, response_deserializer=None)
+    return channel.unary_unary(path, request_serializer=None, response_deserializer=None)
+
+
+def assert_leasing(proxy_client: SyncClient, run: str) -> None:
+    """Serving, and a worker still gets an answer to AcquireLease."""
+    assert_serving(proxy_client)
+    md = proxy_client.metadata
+    lease = proxy_client.lease.AcquireLease(pb.AcquireLeaseRequest(run_id=run, worker_id="honest"), metadata=md, timeout=5)
+    if lease.granted:  # admission may be full of the fuzzers' leases; then at least the refusal is an answer
+        proxy_client.lease.FailLease(pb.FailLeaseRequest(run_id=run, lease_id=lease.lease.lease_id, worker_id="honest",
+                                                   reason=pb.FailLeaseRequest.PREEMPTED), metadata=md, timeout=5)
+
+
+def valid_request(run: str, method) -> bytes:
+    """A plausible request of the method's type, for mutation."""
+    cls = getattr(pb, method.input_type.name)
+    fields = {
+        "AcquireLeaseRequest": dict(run_id=run, worker_id="fuzz", capacity_class="spot", price_per_hour=0.5),
+        "HeartbeatRequest": dict(run_id=run, lease_id="1-0", worker_id="fuzz"),
+        "CompleteLeaseRequest": dict(run_id=run, lease_id="1-0", worker_id="fuzz", manifest=pb.RolloutManifest(
+            run_id=run, batch_id=f"{run}:0:0", attempt=1, uri=keys.rollout_key(run, f"{run}:0:0", 1),
+            sha256="ab" * 32, num_samples=4)),
+        "FailLeaseRequest": dict(run_id=run, lease_id="1-0", worker_id="fuzz", reason=pb.FailLeaseRequest.ERROR),
+        "SubmitContributionRequest": dict(run_id=run, trainer_id="fuzz", lease_ids=["1-0"],
+                                          manifest=pb.ContributionManifest(
+                                              run_id=run, contribution_id="ab" * 16, trainer_id="fuzz",
+                                              base_version=0, local_steps=1, batch_ids=[f"{run}:0:0"],
+                                              uri=keys.contribution_key(run, 0, "ab" * 16), sha256="ab" * 32,
+                                              num_samples=4)),
+        "PullRolloutsRequest": dict(run_id=run, learner_id="fuzz", max_manifests=2, wait_ms=0),
+        "PullContributionsRequest": dict(run_id=run, aggregator_id="fuzz", max_contributions=2, wait_ms=0),
+        "AckRolloutsRequest": dict(run_id=run, delivery_ids=["1-0"], consumed_batch_ids=[f"{run}:0:0"], step=1),
+        "PublishAdapterRequest": dict(run_id=run, manifest=pb.AdapterManifest(
+            run_id=run, version=1, uri=keys.adapter_prefix(run, 1))),
+        "CreateRunRequest": dict(spec=make_spec(new_run_id("fz")), prompts=make_prompts(2)),
+        "RunRef": dict(run_id=run),
+        "ListRunsRequest": {},
+        "WatchRunRequest": dict(run_id=run, from_start=True),
+        "GetMetricsRequest": dict(run_id=run, last=3),
+    }[method.input_type.name]
+    return cls(**fields).SerializeToString()
+
+
+@st.composite
+def mutated(draw, base: bytes) -> bytes:
+    data = bytearray(base)
+    for _ in range(draw(st.integers(1, 4))):
+        op = draw(st.sampled_from(["flip", "truncate", "insert", "splice"]))
+        if op == "flip" and data:
+            i = draw(st.integers(0, len(data) - 1))
+            data[i] ^= draw(st.integers(1, 255))
+        elif op == "truncate" and data:
+            del data[draw(st.integers(0, len(data) - 1)):]
+        elif op == "insert":
+            i = draw(st.integers(0, len(data)))
+            data[i:i] = draw(st.binary(min_size=1, max_size=16))
+        else:
+            i = draw(st.integers(0, len(data)))
+            data[i:] = draw(st.binary(max_size=64))
+    return bytes(data)
+
+
+@given(data=st.data())
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                  HealthCheck.too_slow])
+def test_random_and_mutated_bytes_to_every_rpc(proxy_client, run, data):
+    """Every method of LeaseService, LearnerService and RunService (WatchRun included), plus
+    health: random bytes, and valid requests with bytes flipped, cut, inserted or spliced."""
+    md = proxy_client.metadata
+    for service, method in METHODS:
+        call = raw_call(proxy_client.channel, service, method)
+        payload = data.draw(st.one_of(st.binary(max_size=300), mutated(valid_request(run, method))),
+                            label=method.name)
+        code = status_of(call, payload, metadata=md, timeout=2)
+        allowed = REFUSALS | (WAITING if method.name in ("WatchRun", "PullRollouts") else set())
+        assert code in allowed, (method.name, payload, code)
+    check = proxy_client.channel.unary_unary("/grpc.health.v1.Health/Check", request_serializer=None,
+                                       response_deserializer=None)
+    status_of(check, data.draw(st.binary(max_size=64)), timeout=2)  # grpc's own service: any answer, no crash
+    assert_leasing(proxy_client, run)
+
+
+# protobuf wire data that is broken in each way a parser can be fooled
+MALFORMED = {
+    "truncated varint": b"\x08\xff\xff\xff",
+    "length beyond the end": b"\x0a\x7fabc",
+    "2 GiB length prefix": b"\x0a\xff\xff\xff\xff\x07abc",
+    "varint longer than 10 bytes": b"\x08" + b"\xff" * 11 + b"\x01",
+    "field number 0": b"\x00\x01",
+    "reserved wire type 6": b"\x0e\x01",
+    "reserved wire type 7": b"\x0f\x01",
+    "unterminated group": b"\x0b" * 10,
+    "deeply nested groups": b"\x0b" * 5000 + b"\x0c" * 5000,
+    "end group without start": b"\x0c",
+    "invalid utf-8 in a string": b"\x0a\x04\xff\xfe\xfd\xfc",
+    "wrong wire type for a string": b"\x0d\x01\x02\x03\x04",
+    "unknown fields only": b"\xf8\xff\x03\x01\xfa\xff\x03\x03abc",
+    "huge repeated field count": b"\x12\x00" * 20_000,
+    "a nested message that is garbage": b"\x22\x05\xff\xff\xff\xff\xff",
+    "empty": b"",
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_malformed_wire_data_to_every_rpc(proxy_client, run, case):
+    md = proxy_client.metadata
+    for service, method in METHODS:
+        code = status_of(raw_call(proxy_client.channel, service, method), MALFORMED[case], metadata=md, timeout=2)
+        allowed = REFUSALS | (WAITING if method.name in ("WatchRun", "PullRollouts") else set())
+        assert code in allowed, (method.name, case, code)
+    assert_leasing(proxy_client, run)
+
+
+def test_oversized_messages_to_each_service(token_proxy, proxy_client, run):
+    """Just over the 32 MiB limit (an unknown length-delimited field, so the bytes are valid
+    protobuf): refused before any handler runs, with the token and without."""
+    big = grpc.insecure_channel(token_proxy.target, options=[("grpc.max_send_message_length", 2 * MAX_MESSAGE_BYTES),
+                                                    ("grpc.max_receive_message_length", 2 * MAX_MESSAGE_BYTES)])
+    size = MAX_MESSAGE_BYTES + 1024
+    payload = b"\xfa\xff\x03" + _varint(size) + b"\x00" * size   # field 65535, wire type 2
+    try:
+        for name in ("LeaseService.CompleteLease", "LearnerService.AckRollouts", "RunService.WatchRun",
+                     "LeaseService.Heartbeat"):
+            service, method = name.split(".")
+            descriptor = pb.DESCRIPTOR.services_by_name[service].methods_by_name[method]
+            call = raw_call(big, f"brigade.v1.{service}", descriptor)
+            assert status_of(call, payload, metadata=proxy_client.metadata, timeout=60) == \
+                grpc.StatusCode.RESOURCE_EXHAUSTED, name
+            assert status_of(call, payload, timeout=60) in {grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                                            grpc.StatusCode.UNAUTHENTICATED}, name
+    finally:
+        big.close()
+    assert_leasing(proxy_client, run)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def test_tokens_that_almost_match_are_refused(token_proxy, run):
+    channel = grpc.insecure_channel(token_proxy.target)
+    get_run = channel.unary_unary("/brigade.v1.RunService/GetRun", request_serializer=pb.RunRef.SerializeToString,
+                                  response_deserializer=pb.RunState.FromString)
+    near_misses = [f"bearer {TOKEN}", f"Bearer  {TOKEN}", f"Bearer {TOKEN} ", f" Bearer {TOKEN}", TOKEN,
+                   f"Bearer {TOKEN[:-1]}", f"Bearer {TOKEN}x", f"Bearer {TOKEN.upper()}", f"Basic {TOKEN}",
+                   "Bearer ", "Bearer", f"Bearer {TOKEN}\x00"]
+    try:
+        for value in near_misses:
+            if "\x00" in value:
+                continue  # not a legal metadata value: grpc refuses to send it at all
+            code = status_of(get_run, pb.RunRef(run_id=run), metadata=(("authorization", value),), timeout=5)
+            assert code == grpc.StatusCode.UNAUTHENTICATED, repr(value)
+        for key in ("x-authorization", "authorisation", "token"):
+            code = status_of(get_run, pb.RunRef(run_id=run), metadata=((key, f"Bearer {TOKEN}"),), timeout=5)
+            assert code == grpc.StatusCode.UNAUTHENTICATED, key
+        assert status_of(get_run, pb.RunRef(run_id=run), metadata=(("authorization", f"Bearer {TOKEN}"),),
+                         timeout=5) == grpc.StatusCode.OK
+    finally:
+        channel.close()
