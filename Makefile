@@ -5,7 +5,7 @@ VENV_OK := .venv/.installed
 TEST_PROCESSES ?= 2
 export PYTHONDONTWRITEBYTECODE=1
 
-.PHONY: install lock proto spec-table test test-unit lint demo real bench chaos clean
+.PHONY: install lock proto docs-tables test test-unit lint demo real bench chaos clean
 
 PYPROJECTS := $(wildcard libs/*/pyproject.toml services/*/pyproject.toml bench/pyproject.toml)
 
@@ -62,9 +62,10 @@ lock:
 proto: $(VENV_OK)
 	$(PY) -m grpc_tools.protoc -I proto --python_out=libs/brigade --pyi_out=libs/brigade --grpc_python_out=libs/brigade proto/brigade/v1/brigade.proto
 
-# the README's run-spec table, from the declarations in libs/brigade/brigade/spec.py
-spec-table: $(VENV_OK)
-	$(PY) -m brigade.spec_table --readme README.md
+# docs/configuration.md's generated tables: each service's settings, the run spec and the wire limits,
+# from their declarations (the services' settings classes, libs/brigade/brigade/spec.py and wire.py)
+docs-tables: $(VENV_OK)
+	$(PY) -m brigade_cli.docs_tables docs/configuration.md
 
 test: $(VENV_OK)
 	$(PY) -m pytest -q -n $(TEST_PROCESSES) --dist loadgroup tests

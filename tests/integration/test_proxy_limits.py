@@ -210,13 +210,13 @@ def test_large_create_run_leaves_the_loop_free_and_touches_skip_prompts(proxy):
     assert proxy.store.runs._cache[run].prompt_bytes is None
 
 
-def test_every_limit_is_in_the_readme():
+def test_every_limit_is_in_the_configuration_doc():
     from dataclasses import fields
     from pathlib import Path
 
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    doc = (Path(__file__).parents[2] / "docs/configuration.md").read_text()
     for f in fields(Limits):
-        assert f"`BRIGADE_{f.name.upper()}` | `--{f.name.replace('_', '-')}`" in readme, f.name
+        assert f"`BRIGADE_{f.name.upper()}` | `--{f.name.replace('_', '-')}`" in doc, f.name
 
 
 def test_prompt_bundle_is_the_deterministic_serialization():

@@ -1,5 +1,5 @@
-"""The run-spec declarations (`brigade.spec`): they match the proto, the README's table comes from
-them, the proxy's defaults equal a spec file's, hyperparameters survive the wire exactly, and
+"""The run-spec declarations (`brigade.spec`): they match the proto, docs/configuration.md's table comes
+from them, the proxy's defaults equal a spec file's, hyperparameters survive the wire exactly, and
 errors name fields as a spec file spells them."""
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ def test_a_legal_zero_that_is_not_the_default_has_presence_on_the_wire():
             assert fd.has_presence, f"{f.path}: 0 is legal and not the default, so the proto field must be optional"
 
 
-def test_readme_table_is_generated_from_the_declarations():
-    readme = (ROOT / "README.md").read_text()
-    assert with_table(readme) == readme, "README.md's run-spec table is stale: run `make spec-table` and commit"
+def test_configuration_doc_table_is_generated_from_the_declarations():
+    doc = (ROOT / "docs/configuration.md").read_text()
+    assert with_table(doc) == doc, "docs/configuration.md's run-spec table is stale: run `make docs-tables` and commit"
 
 
 def test_proxy_defaults_equal_a_spec_files_defaults():

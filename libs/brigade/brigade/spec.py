@@ -3,8 +3,8 @@
 A run's parameters travel as the `RunSpec` protobuf. Each field is declared once, in `FIELDS`
 below: its path as a spec file spells it, its default, its bound or allowed values, one line of
 doc. From that table come the defaults of a spec file (`brigade.spec_file.build_spec`), the
-proxy's defaults (`fill_defaults`), validation (`validate_spec`) and the README's table
-(`brigade.spec_table`, `make spec-table`). A new field is one line here plus the proto field;
+proxy's defaults (`fill_defaults`), validation (`validate_spec`) and docs/configuration.md's table
+(`brigade.spec_table`, `make docs-tables`). A new field is one line here plus the proto field;
 tests/unit/test_spec.py checks that the two agree.
 
 Unset on the wire: proto3 cannot tell an explicit zero from an unset scalar, so `fill_defaults`

@@ -1,14 +1,13 @@
-"""The README's run-spec table, rendered from `brigade.spec.FIELDS`, and its wire-limits table,
-from `brigade.wire.WIRE_BOUNDS`, so neither can drift from its declarations.
+"""The run-spec and wire-limits tables of docs/configuration.md, rendered from their declarations
+(`brigade.spec.FIELDS`, `brigade.wire.WIRE_BOUNDS`) so neither can drift from them.
 
-`python -m brigade.spec_table` prints the first; `python -m brigade.spec_table --readme README.md`
-(what `make spec-table` runs) rewrites the parts of README.md between each pair of marker comments.
+`with_table` rewrites the text between each pair of marker comments of a page;
+`brigade_cli.docs_tables` (`make docs-tables`) writes these tables and the services' settings
+tables into docs/configuration.md.
 """
 
 from __future__ import annotations
 
-import argparse
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -16,9 +15,9 @@ import yaml
 from brigade.spec import FIELDS, Field
 from brigade.wire import MAX_SAFE_INT, WIRE_BOUNDS
 
-BEGIN = "<!-- spec-table:begin (generated from libs/brigade/brigade/spec.py by `make spec-table`) -->"
+BEGIN = "<!-- spec-table:begin (generated from libs/brigade/brigade/spec.py by `make docs-tables`) -->"
 END = "<!-- spec-table:end -->"
-BOUNDS_BEGIN = "<!-- bounds-table:begin (generated from libs/brigade/brigade/wire.py by `make spec-table`) -->"
+BOUNDS_BEGIN = "<!-- bounds-table:begin (generated from libs/brigade/brigade/wire.py by `make docs-tables`) -->"
 BOUNDS_END = "<!-- bounds-table:end -->"
 
 
@@ -58,28 +57,16 @@ def bounds_table() -> str:
     return "\n".join(rows)
 
 
-def _replace(readme: str, begin: str, end: str, table: str) -> str:
-    head, found_begin, rest = readme.partition(begin)
+def replace_between(doc: str, begin: str, end: str, table: str) -> str:
+    """`doc` with the text between the markers `begin` and `end` replaced by `table`."""
+    head, found_begin, rest = doc.partition(begin)
     _, found_end, tail = rest.partition(end)
     if not found_begin or not found_end:
-        raise ValueError(f"the README has no {begin!r} ... {end!r} markers")
+        raise ValueError(f"the page has no {begin!r} ... {end!r} markers")
     return f"{head}{begin}\n{table}\n{end}{tail}"
 
 
-def with_table(readme: str) -> str:
-    """`readme` with the text between each pair of markers replaced by the current table."""
-    return _replace(_replace(readme, BEGIN, END, markdown_table()), BOUNDS_BEGIN, BOUNDS_END, bounds_table())
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--readme", type=Path, help="rewrite the table inside this README instead of printing it")
-    args = parser.parse_args()
-    if args.readme is None:
-        print(markdown_table())
-    else:
-        args.readme.write_text(with_table(args.readme.read_text()))
-
-
-if __name__ == "__main__":
-    main()
+def with_table(doc: str) -> str:
+    """`doc` with the text between each pair of markers replaced by the current table."""
+    return replace_between(replace_between(doc, BEGIN, END, markdown_table()), BOUNDS_BEGIN, BOUNDS_END,
+                           bounds_table())

@@ -121,7 +121,7 @@ class FillingSha256:
     was written since its last pass in one hashlib call. StreamingSha256 makes one call a chunk (a
     256 KiB chunk from aiohttp), and every call is a round trip between the thread and a busy event
     loop: on a 34 MiB GET from moto it cost 12-15 ms more CPU and 6-13 % more time than one call a
-    pass (README, Verified GET). The filled part of the buffer is never written again, so the thread
+    pass (bench/results/2026-12-diary.md, Verified GET). The filled part of the buffer is never written again, so the thread
     reads it while the loop writes further on. Same interface and pool as StreamingSha256; its view of the
     buffer is released before the digest is handed out, so the caller may resize the buffer."""
 

@@ -22,7 +22,7 @@ class Body:
     the list grows the heap by the whole object (one page fault per 4 KiB) before a join copies it
     all again. Measured with 4 concurrent 32 MiB reads against moto: 8,200 page faults a read into
     the bytearray against 11,000 through the list, and 20-57 ms less CPU and 29-62 ms less time a
-    round (README, Adapter sync).
+    round (bench/results/2026-12-diary.md, Adapter sync).
 
     With `verify`, the chunks are hashed as they arrive: a big body by a thread (from the buffer it
     fills, when there is one: FillingSha256), a small one on the loop. `close()` stops that thread

@@ -12,7 +12,7 @@ Everything here is torch-free (the proxy reads the dataset, workers import the r
   answer: "Mia has 3 + 5 = 8 pens" counts, "3 + 5 is not 8" does not) and `answer_format` (1 when
   the completion ends with its answer, a number and at most a word after it: what a grader that
   reads the last number needs, and what a rambling completion cut at max_new_tokens lacks);
-- `RUN`, the run spec, tuned on this 2-core machine (see README, "A real model").
+- `RUN`, the run spec, tuned on this 2-core machine (see docs/getting-started.md, "A real model").
 
 Sampled at the recipe's temperature, the base model answers about a quarter of the held-out problems
 right: it knows the sums but often starts explaining and runs out of tokens.
