@@ -121,9 +121,11 @@ def tiny(tmp_path_factory):
     return tiny_model(tmp_path_factory.mktemp("tiny") / "model")
 
 
-async def _worker_on_hostile_adapter(redis_url, bucket_url, model_dir, files: dict[str, bytes]) -> list[pb.DeadLetter]:
+async def _worker_on_hostile_adapter(redis_url, bucket_url, model_dir, files: dict[str, bytes],
+                                     damage=None) -> list[pb.DeadLetter]:
     """A run whose v1 is `files` (with a manifest whose sha256 values match them), one batch, one
-    attempt allowed; a real rollout worker serves it. Returns the dead letters."""
+    attempt allowed; a real rollout worker serves it. `damage(bucket, run)`, awaited after v1 is
+    published, may spoil it further. Returns the dead letters."""
     from brigade.bucket import open_bucket
     from brigade.rpc import ProxyClient
     from brigade_proxy.server import start_server
@@ -139,6 +141,8 @@ async def _worker_on_hostile_adapter(redis_url, bucket_url, model_dir, files: di
             await proxy_client.runs.CreateRun(pb.CreateRunRequest(spec=spec, prompts=demo_prompts(2)))
             manifest = await adapters.write_version(bucket, run, 1, 1, files, "bf16")
             await proxy_client.learner.PublishAdapter(pb.PublishAdapterRequest(run_id=run, manifest=manifest))
+            if damage is not None:
+                await damage(bucket, run)
             worker = Worker(WorkerConfig(proxy=server.target, bucket=bucket_url, run=run, exit_when_finished=True))
             assert await asyncio.wait_for(worker.run(), 120) == 0
             assert worker.stats["completed"] == 0 and worker.stats["failed"] == 1
@@ -448,29 +452,11 @@ def test_the_number_of_runs_is_capped(client, r):
             r.zrem(keys.RUN_INDEX, *fillers)
 
 
-async def test_a_corrupt_adapter_manifest_fails_the_lease_and_is_dead_lettered(own_redis, file_bucket_url,
-                                                                              tmp_path):
-    from brigade.bucket import open_bucket
-    from brigade.rpc import ProxyClient
-    from brigade_proxy.server import start_server
-    from brigade_rollout.config import WorkerConfig
-    from brigade_rollout.worker import Worker
-    from brigade_testing.tiny import demo_prompts, tiny_model, tiny_spec
+async def test_a_corrupt_adapter_manifest_fails_the_lease_and_is_dead_lettered(own_redis, file_bucket_url, tiny):
+    async def corrupt_manifest(bucket, run: str) -> None:
+        await bucket.put(keys.adapter_prefix(run, 1) + adapters.MANIFEST, b"\xff\xff\xff not a manifest")
 
-    model_dir = tiny_model(tmp_path / "model")
-    run = new_run_id("corrupt-manifest")
-    spec = tiny_spec(model_dir, run_id=run, staleness={"max_attempts": 1}, prompts_per_batch=2)
-    server = await start_server(own_redis, "127.0.0.1:0", bucket_url=file_bucket_url, monitor_redis=False)
-    try:
-        async with ProxyClient.connect(server.target) as c, open_bucket(file_bucket_url) as bucket:
-            await c.runs.CreateRun(pb.CreateRunRequest(spec=spec, prompts=demo_prompts(2)))
-            manifest = await adapters.write_version(bucket, run, 1, 1, {adapters.CONFIG: b"{}"}, "bf16")
-            await c.learner.PublishAdapter(pb.PublishAdapterRequest(run_id=run, manifest=manifest))
-            await bucket.put(keys.adapter_prefix(run, 1) + adapters.MANIFEST, b"\xff\xff\xff not a manifest")
-            worker = Worker(WorkerConfig(proxy=server.target, bucket=file_bucket_url, run=run, exit_when_finished=True))
-            assert await asyncio.wait_for(worker.run(), 120) == 0  # before: retried for ever
-            assert worker.stats["failed"] == 1
-            (dead,) = (await c.runs.ListDeadLetters(pb.RunRef(run_id=run))).dead_letters
-            assert "adapter v1 is unusable" in dead.reason and "does not parse" in dead.reason, dead.reason
-    finally:
-        await server.stop(0)
+    # the worker exits 0 with the batch failed (before: retried for ever)
+    (dead,) = await _worker_on_hostile_adapter(own_redis, file_bucket_url, tiny, {adapters.CONFIG: b"{}"},
+                                               damage=corrupt_manifest)
+    assert "adapter v1 is unusable" in dead.reason and "does not parse" in dead.reason, dead.reason
