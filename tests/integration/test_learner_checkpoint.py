@@ -12,6 +12,7 @@ from safetensors.torch import load as st_load
 
 from brigade import adapters, keys
 from brigade.bucket import BucketError, open_bucket
+from brigade.retry import Backoff
 from brigade_learner import checkpoint
 from brigade_learner.checkpoint import LearnerState, PendingAck
 from brigade_learner.trainer import Trainer
@@ -130,6 +131,52 @@ async def test_incomplete_and_damaged_checkpoints_are_ignored(model_dir, file_bu
         # a complete checkpoint is never overwritten with different content
         with pytest.raises(checkpoint.CheckpointError, match="never overwritten"):
             await checkpoint.save(bucket, "tiny", 2, checkpoint.encode(t, LearnerState(step=2, version=5)))
+
+
+DAMAGES = {
+    "state": lambda data: data[: len(data) // 2],
+    "optimizer": lambda data: data[: len(data) // 2],
+    "adapter": lambda data: data[: len(data) // 2],
+    "rng": lambda data: b"\0" * len(data),
+    "config": lambda data: data + b" ",
+    "manifest": lambda data: data[: len(data) // 2],
+}
+DAMAGED_FILE = {"state": checkpoint.STATE, "optimizer": checkpoint.OPTIMIZER, "adapter": checkpoint.ADAPTER,
+                "rng": checkpoint.RNG, "config": checkpoint.CONFIG, "manifest": checkpoint.MANIFEST}
+
+
+@pytest.mark.parametrize("damaged", sorted(DAMAGES))
+async def test_a_damaged_checkpoint_is_saved_again_beside_itself(model_dir, file_bucket_url, damaged, monkeypatch):
+    """latest(), save() and read() agree on what is complete: a damaged newest checkpoint is skipped
+    by latest(), and the retrained step is saved as attempt 1 beside it, which read() then returns."""
+    monkeypatch.setattr(checkpoint, "READ_BACKOFF", Backoff(base_s=0.0, cap_s=0.0))  # damage is for good here
+    t = trained(tiny_spec(model_dir), steps=1)
+    async with open_bucket(file_bucket_url) as bucket:
+        run = f"damaged-{damaged}"
+        for step in (1, 2):
+            await checkpoint.save(bucket, run, step, checkpoint.encode(t, LearnerState(step=step, version=step)))
+        key = keys.checkpoint_prefix(run, 2) + DAMAGED_FILE[damaged]
+        cut = DAMAGES[damaged](await bucket.get(key))
+        await bucket.put(key, cut)
+        assert (await checkpoint.latest(bucket, run))[0] == 1
+        assert await checkpoint.read(bucket, run, 2) is None
+
+        retrained = checkpoint.encode(t, LearnerState(step=2, version=3, consumed={"tiny:0:7"}))
+        await checkpoint.save(bucket, run, 2, retrained)
+        assert await checkpoint.attempts(bucket, run, 2) == [0, 1]
+        attempt, files = await checkpoint.read(bucket, run, 2)
+        assert attempt == 1 and files == retrained
+        assert (await checkpoint.latest(bucket, run))[0] == 2
+        # the damaged folder is left as it was, and saving the retrained step again is a no-op
+        assert await bucket.get(key) == cut
+        await checkpoint.save(bucket, run, 2, retrained)
+        assert await checkpoint.attempts(bucket, run, 2) == [0, 1]
+        assert await checkpoint.read_ack(bucket, run, 2) == PendingAck()  # the newest attempt's
+        # a prune counts the step once, whatever its attempts, and removes them together
+        await checkpoint.save(bucket, run, 3, checkpoint.encode(t, LearnerState(step=3, version=4)))
+        await checkpoint.save(bucket, run, 4, checkpoint.encode(t, LearnerState(step=4, version=5)))
+        assert await checkpoint.prune(bucket, run, 2) == [1, 2]
+        assert await checkpoint.steps(bucket, run) == [3, 4]
 
 
 class _DeleteFailsOnce:

@@ -170,8 +170,10 @@ def round_key(run: str, version: int) -> str:
     return f"runs/{run}/rounds/v{version:08d}.safetensors"
 
 
-def checkpoint_prefix(run: str, step: int) -> str:
-    return f"runs/{run}/checkpoints/step-{step:08d}/"
+def checkpoint_prefix(run: str, step: int, attempt: int = 0) -> str:
+    """The folder of a step's checkpoint. A retrain of a step whose checkpoint was found damaged
+    writes its own folder beside it (`step-00000005.1/`, `.2/`, ...): nothing is ever overwritten."""
+    return f"runs/{run}/checkpoints/step-{step:08d}{f'.{attempt}' if attempt else ''}/"
 
 
 def eval_key(run: str, version: int) -> str:

@@ -43,7 +43,7 @@ from brigade.spec_file import spec_to_dict
 from brigade.v1 import brigade_pb2 as pb
 from brigade_harness.system import LAUNCHER, LocalSystem, Service, read_json_lines, run_each
 from brigade_testing.audit import audit_run
-from brigade_testing.bucket_watch import BucketWatcher
+from brigade_testing.bucket_watch import BucketWatcher, list_keys, s3_client
 from brigade_testing.slow_engine import DelayModel
 
 TOKEN = "chaos-token"
@@ -160,6 +160,28 @@ class AuditedSystem(LocalSystem):
         if self.services[name].alive():
             self.note("kill", name)
         super().kill(name, sig)
+
+    def damage_newest_checkpoint(self, name: str) -> tuple[int, int]:
+        """Cut file `name` of the newest checkpoint with a manifest in half, behind the learner's
+        back (a disk or a store that lost half an object); returns its (step, attempt). The bucket
+        watcher is told, so the cut is not counted as an overwrite."""
+        from brigade_learner.checkpoint import STEP_DIR
+
+        client = s3_client(self.moto.url)
+        root = f"{self.bucket_root}/{keys.run_prefix(self.run)}checkpoints/"
+        found = []
+        for key in list_keys(client, self.bucket_name, root):
+            m = STEP_DIR.match(key[len(root):])
+            if m and key.endswith("/manifest.json"):
+                found.append((int(m.group(1)), int(m.group(2) or 0)))
+        step, attempt = max(found)
+        key = f"{self.bucket_root}/{keys.checkpoint_prefix(self.run, step, attempt)}{name}"
+        data = client.get_object(Bucket=self.bucket_name, Key=key)["Body"].read()
+        client.put_object(Bucket=self.bucket_name, Key=key, Body=data[: len(data) // 2])
+        if self.watcher is not None:
+            self.watcher.damaged.add(key[len(f"{self.bucket_root}/{keys.run_prefix(self.run)}"):])
+        self.note("damage", "bucket", key=key)
+        return step, attempt
 
     def _worker_life(self, i: int) -> tuple[list[str], str]:
         """Arguments and module of worker slot i's next life: each is a new machine with a new worker

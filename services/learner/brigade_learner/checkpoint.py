@@ -9,8 +9,14 @@
                                  optimizer param groups, python RNG, metrics
         manifest.json            sha256 and size of every file above; written LAST
 
-A checkpoint is complete only once manifest.json exists and every file matches it; a crash in the
-middle leaves an incomplete folder that readers ignore (and the next save of that step replaces).
+A checkpoint is complete when its manifest.json parses and every file it lists is there with the
+sha256 it gives; `read` is that one definition, and resuming (`latest`), saving (`save`) and the
+chaos audit all go by it. A crash in the middle of a save leaves a folder without a manifest, which
+readers ignore and the next save of that step replaces. A folder with a manifest that is not complete
+is damaged (a file cut or corrupted at rest): the learner resumes from the checkpoint before it and,
+when it trains that step again, saves it as the next attempt beside the damaged folder
+(`step-00000005.1/`, see `keys.checkpoint_prefix`), so a damaged checkpoint costs the steps since the
+one before it and nothing is overwritten. The newest complete attempt of a step is that step's.
 `prune` keeps the newest few: a checkpoint holds the adapter in float32 and twice that in AdamW
 state, ~200 MiB for rank 16 on a 7B model's attention, which every step would otherwise add.
 Tensors go to safetensors and everything else to JSON: nothing is pickled, so loading a checkpoint
@@ -48,7 +54,7 @@ OPTIMIZER = "optimizer.safetensors"
 RNG = "rng.safetensors"
 CONFIG = "adapter_config.json"
 STATE = "state.json"
-STEP_DIR = re.compile(r"step-(\d{8})/")
+STEP_DIR = re.compile(r"step-(\d{8})(?:\.(\d+))?/")
 
 
 class CheckpointError(ValueError):
@@ -224,46 +230,61 @@ def prefix(run: str) -> str:
 
 async def save(bucket: Bucket, run: str, step: int, files: dict[str, bytes],
                before_manifest: Callable[[], None] = lambda: None) -> dict[str, Any]:
-    """Write the files, then the manifest. Files of an earlier, incomplete attempt at the same step
-    are replaced (plain puts: without a manifest they are not a checkpoint); a complete checkpoint
-    is never touched: saving identical files again (a replayed step) is a no-op, different ones fail.
+    """Write the files, then the manifest, in the step's first folder that is not damaged. Files of
+    an earlier, incomplete attempt there are replaced (plain puts: without a manifest they are not a
+    checkpoint); a complete checkpoint is never touched: saving identical files again (a replayed
+    step) is a no-op, different ones fail. A damaged folder (a retrain after resuming from the
+    checkpoint before it) is left as it is and the save goes to the next attempt's folder.
     `before_manifest` runs between the two (the crash tests' "mid_checkpoint")."""
-    folder = keys.checkpoint_prefix(run, step)
     listing = {name: {"sha256": sha256_hex(data), "size": len(data)} for name, data in files.items()}
     manifest = {"format": FORMAT, "run_id": run, "step": step, "files": listing}
-    if await _same_as_existing(bucket, folder, listing):
+    attempt = 0
+    while (found := await _existing(bucket, run, step, attempt, listing)) == "damaged":
+        log.warning("checkpoint_set_aside", step=step, attempt=attempt,
+                    note=f"damaged: this step's checkpoint is saved as attempt {attempt + 1} beside it")
+        attempt += 1
+    if found == "same":
         return manifest
+    folder = keys.checkpoint_prefix(run, step, attempt)
     for name in sorted(files):
         await bucket.put(folder + name, files[name])
     before_manifest()
     try:
         await bucket.put_new(folder + MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
     except ObjectExists:
-        if not await _same_as_existing(bucket, folder, listing):
-            raise
+        if await _existing(bucket, run, step, attempt, listing) != "same":
+            raise CheckpointError(f"another learner saved step {step} at {folder} meanwhile; "
+                                  "checkpoints are never overwritten") from None
     return manifest
 
 
-async def _same_as_existing(bucket: Bucket, folder: str, listing: dict[str, Any]) -> bool:
-    """False when there is no manifest; True when it lists exactly these files; else an error."""
+async def _existing(bucket: Bucket, run: str, step: int, attempt: int, listing: dict[str, Any]) -> str:
+    """What is at this attempt's folder: "free" (no manifest), "same" (a manifest of exactly these
+    files), "damaged" (a manifest, but not a complete checkpoint); a different complete checkpoint
+    is an error: two learners, or a bug, never a retrain."""
+    folder = keys.checkpoint_prefix(run, step, attempt)
     try:
         existing = json.loads(await bucket.get(folder + MANIFEST))
     except ObjectNotFound:
-        return False
-    if existing.get("files") != listing:
-        raise CheckpointError(f"a different complete checkpoint already exists at {folder}; "
-                              "checkpoints are never overwritten")
-    return True
+        return "free"
+    except ValueError:
+        return "damaged"
+    if isinstance(existing, dict) and existing.get("files") == listing:
+        return "same"
+    if await load_files(bucket, run, step, attempt) is None:
+        return "damaged"
+    raise CheckpointError(f"a different complete checkpoint already exists at {folder}; "
+                          "checkpoints are never overwritten")
 
 
-async def _folders(bucket: Bucket, run: str) -> dict[int, list[str]]:
-    """The keys under each step's checkpoint folder."""
+async def _folders(bucket: Bucket, run: str) -> dict[int, dict[int, list[str]]]:
+    """step -> attempt -> the keys under that attempt's folder."""
     root = prefix(run)
-    folders: dict[int, list[str]] = {}
+    folders: dict[int, dict[int, list[str]]] = {}
     for key in await bucket.list(root):
         m = STEP_DIR.match(key[len(root):])
         if m:
-            folders.setdefault(int(m.group(1)), []).append(key)
+            folders.setdefault(int(m.group(1)), {}).setdefault(int(m.group(2) or 0), []).append(key)
     return folders
 
 
@@ -272,21 +293,34 @@ async def steps(bucket: Bucket, run: str) -> list[int]:
     return sorted(await _folders(bucket, run))
 
 
+async def attempts(bucket: Bucket, run: str, step: int) -> list[int]:
+    """The attempts of `step` with any file, ascending (0 unless a damaged checkpoint was retrained)."""
+    return sorted((await _folders(bucket, run)).get(step, {}))
+
+
+# a prune keeps at least this many: the one before the newest is what a damaged newest one costs
+MIN_KEPT = 2
+
+
 async def prune(bucket: Bucket, run: str, keep: int) -> list[int]:
-    """Delete every checkpoint folder older than the newest `keep` complete ones (keep <= 0: keep
-    all); returns the steps removed. Folders newer than the newest complete checkpoint are left
-    alone (a save in progress, or one the next save replaces). Each manifest goes first: a folder
-    without one is never resumed from, so a prune cut short leaves files the next prune removes."""
+    """Delete every checkpoint folder older than the newest `keep` (at least MIN_KEPT) steps with a
+    manifest (keep <= 0: keep all); returns the steps removed. Folders newer than the newest manifest
+    are left alone (a save in progress, or one the next save replaces). Each manifest goes first: a
+    folder without one is never resumed from, so a prune cut short leaves files the next prune removes.
+    A manifest is taken for a complete checkpoint here without reading the files (a prune reads no
+    tensors); MIN_KEPT is what keeps a good one when the newest turns out damaged."""
     if keep <= 0:
         return []
     folders = await _folders(bucket, run)
-    complete = sorted(step for step, names in folders.items() if any(n.endswith("/" + MANIFEST) for n in names))
+    complete = sorted(step for step, by_attempt in folders.items()
+                      if any(n.endswith("/" + MANIFEST) for names in by_attempt.values() for n in names))
     if not complete:
         return []
-    kept = set(complete[-keep:])
+    kept = set(complete[-max(keep, MIN_KEPT):])
     doomed = [step for step in sorted(folders) if step < complete[-1] and step not in kept]
     for step in doomed:
-        for key in sorted(folders[step], key=lambda k: not k.endswith("/" + MANIFEST)):
+        names = [n for by_attempt in folders[step].values() for n in by_attempt]
+        for key in sorted(names, key=lambda k: not k.endswith("/" + MANIFEST)):
             await bucket.delete(key)
     return doomed
 
@@ -294,21 +328,33 @@ async def prune(bucket: Bucket, run: str, keep: int) -> list[int]:
 READ_ATTEMPTS = 4  # a torn or corrupted read is read again before a checkpoint is judged damaged
 
 
-async def load_files(bucket: Bucket, run: str, step: int, attempts: int = READ_ATTEMPTS) -> dict[str, bytes] | None:
-    """The files of a complete checkpoint, each verified against the manifest; None when the
-    manifest is missing (a save that never finished) or the folder is damaged. A read that fails
-    (torn body, sha256 mismatch in flight, an outage) is retried first; an outage that outlasts the
-    retries raises: resuming from an older checkpoint instead would collide with this one."""
-    def log_retry(attempt: int, delay: float, e: BaseException) -> None:
-        log.warning("checkpoint_read_retry", step=step, attempt=attempt, error=str(e)[:300])
+async def load_files(bucket: Bucket, run: str, step: int, attempt: int = 0,
+                     attempts: int = READ_ATTEMPTS) -> dict[str, bytes] | None:
+    """The files of the checkpoint at `step` (`attempt`), each verified against the manifest, if it
+    is complete; None when the manifest is missing (a save that never finished) or the folder is
+    damaged. A read that fails (torn body, sha256 mismatch in flight, an outage) is retried first; an
+    outage that outlasts the retries raises: resuming from an older checkpoint instead would collide
+    with this one."""
+    def log_retry(n: int, delay: float, e: BaseException) -> None:
+        log.warning("checkpoint_read_retry", step=step, attempt=attempt, read=n, error=str(e)[:300])
 
+    folder = keys.checkpoint_prefix(run, step, attempt)
     try:
-        return await retry(lambda: _read_checkpoint(bucket, keys.checkpoint_prefix(run, step), step),
+        return await retry(lambda: _read_checkpoint(bucket, folder, step),
                            retryable=lambda e: isinstance(e, BucketError), backoff=READ_BACKOFF, attempts=attempts,
                            on_retry=log_retry)
     except CorruptObject as e:  # corrupted on every read
-        log.warning("checkpoint_damaged", step=step, error=str(e)[:300])
+        log.warning("checkpoint_damaged", step=step, attempt=attempt, error=str(e)[:300])
         return None
+
+
+async def read(bucket: Bucket, run: str, step: int) -> tuple[int, dict[str, bytes]] | None:
+    """The step's checkpoint: its newest complete attempt and that attempt's files, or None."""
+    for attempt in reversed(await attempts(bucket, run, step)):
+        files = await load_files(bucket, run, step, attempt)
+        if files is not None:
+            return attempt, files
+    return None
 
 
 async def _read_checkpoint(bucket: Bucket, folder: str, step: int) -> dict[str, bytes] | None:
@@ -340,25 +386,26 @@ async def _read_checkpoint(bucket: Bucket, folder: str, step: int) -> dict[str, 
 
 
 async def read_ack(bucket: Bucket, run: str, step: int) -> PendingAck | None:
-    """The ack the commit at `step` sent, from its checkpoint's state.json alone (a few KB, not the
-    tensors); None when that checkpoint is pruned, incomplete or damaged."""
-    folder = keys.checkpoint_prefix(run, step)
-    try:
-        manifest = json.loads(await bucket.get(folder + MANIFEST))
-        doc = json.loads(await bucket.get(folder + STATE, sha256=manifest["files"][STATE]["sha256"]))
-        return PendingAck.from_json(doc["ack"])
-    except ObjectNotFound:
-        return None
-    except (CorruptObject, ValueError, KeyError, TypeError, AttributeError) as e:
-        log.warning("checkpoint_ack_unreadable", step=step, error=str(e)[:300])
-        return None
+    """The ack the commit at `step` sent, from its newest attempt's state.json alone (a few KB, not
+    the tensors); None when that checkpoint is pruned, incomplete or its state.json is damaged."""
+    for attempt in reversed(await attempts(bucket, run, step)):
+        folder = keys.checkpoint_prefix(run, step, attempt)
+        try:
+            manifest = json.loads(await bucket.get(folder + MANIFEST))
+            doc = json.loads(await bucket.get(folder + STATE, sha256=manifest["files"][STATE]["sha256"]))
+            return PendingAck.from_json(doc["ack"])
+        except ObjectNotFound:
+            continue
+        except (CorruptObject, ValueError, KeyError, TypeError, AttributeError) as e:
+            log.warning("checkpoint_ack_unreadable", step=step, attempt=attempt, error=str(e)[:300])
+    return None
 
 
 async def latest(bucket: Bucket, run: str) -> tuple[int, dict[str, bytes]] | None:
     """The newest complete checkpoint; incomplete or damaged ones are skipped."""
     for step in reversed(await steps(bucket, run)):
-        files = await load_files(bucket, run, step)
-        if files is not None:
-            return step, files
+        found = await read(bucket, run, step)
+        if found is not None:
+            return step, found[1]
         log.info("checkpoint_skipped", step=step, reason="incomplete or damaged")
     return None

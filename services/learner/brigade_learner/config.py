@@ -48,8 +48,9 @@ class LearnerConfig:
                                                  low=None)
     max_steps: int | None = setting(-1, "Stop after this many steps; -1 = the run spec's max_steps.",
                                     env="BRIGADE_MAX_STEPS", parse=_spec_if_negative)  # None: the run spec's
-    keep_checkpoints: int = setting(3, "Complete checkpoints kept in the bucket (the newest); older ones are "
-                                    "deleted. 0 = keep all.", env="BRIGADE_KEEP_CHECKPOINTS", low=0)
+    keep_checkpoints: int = setting(3, "Complete checkpoints kept in the bucket (the newest, never fewer "
+                                    "than 2: the one before a damaged newest one); older ones are deleted. 0 = keep "
+                                    "all.", env="BRIGADE_KEEP_CHECKPOINTS", low=0)
     # experiment trackers; None: the run spec's report_to
     report_to: list[str] | None = setting(
         "", "Experiment trackers, comma-separated (wandb, tensorboard, trackio), or none; overrides the run "
