@@ -21,6 +21,20 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.xdist_group("system"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def session_state_dir(tmp_path_factory):
+    """The services' crash journals (BRIGADE_STATE_DIR, brigade.crash_loop) in a folder of this session:
+    the crashes tests cause never reach ~/.local/state/brigade, where they would stop real services."""
+    old = os.environ.get("BRIGADE_STATE_DIR")
+    path = tmp_path_factory.mktemp("state")
+    os.environ["BRIGADE_STATE_DIR"] = str(path)
+    yield path
+    if old is None:
+        os.environ.pop("BRIGADE_STATE_DIR", None)
+    else:
+        os.environ["BRIGADE_STATE_DIR"] = old
+
+
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory):
     server = start_redis(tmp_path_factory.mktemp("redis"), appendonly=True)

@@ -1,6 +1,7 @@
 """The create-only probe (brigade.bucket.probe): moto and a folder refuse a second create-only put, so
 it passes; moto behind brigade_testing.faulty_s3 with `If-None-Match` dropped is a store that ignores the
-header, and the learner and the rollout worker refuse it at start with one line naming the store."""
+header, and every service that writes create-only objects (the learner, a rollout worker, the proxy with
+a bucket, the evaluator) refuses it at start with one line naming the store, and exit 2."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from proxy_support import BackgroundProxy, SyncClient, make_prompts, make_spec, 
 
 from brigade.bucket import CreateOnlyIgnored, check_create_only, open_bucket
 from brigade.v1 import brigade_pb2 as pb
+from brigade_harness.devservers import free_port
 from brigade_testing.faulty_s3 import Faults, start_in_thread
 
 FIRST_PUT = b"brigade create-only probe: first put\n"
@@ -81,5 +83,28 @@ def test_the_rollout_worker_refuses_that_store_at_start(redis_url, s3_bucket_url
     finally:
         client.close()
         proxy.close()
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert len(refusal_lines(out.stdout + out.stderr, s3_front.url)) == 1, out.stderr[-3000:]
+
+
+def test_the_proxy_refuses_that_store_at_start(redis_url, s3_bucket_url, s3_front):
+    """One process, and --processes 2 (the parent probes once, before it starts any)."""
+    s3_front.faults.drop_headers = ("if-none-match",)
+    for processes in ("1", "2"):
+        out = subprocess.run(
+            [sys.executable, "-m", "brigade_cli.main", "proxy", "--listen", f"127.0.0.1:{free_port()}",
+             "--redis-url", redis_url, "--bucket", s3_bucket_url, "--processes", processes],
+            env=service_env(s3_front.url), capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2, out.stderr[-3000:]
+        assert len(refusal_lines(out.stdout + out.stderr, s3_front.url)) == 1, out.stderr[-3000:]
+        assert "proxy listening" not in out.stderr
+
+
+def test_the_evaluator_refuses_that_store_at_start(redis_url, s3_bucket_url, s3_front):
+    s3_front.faults.drop_headers = ("if-none-match",)
+    out = subprocess.run(
+        [sys.executable, "-m", "brigade_cli.main", "evaluator", "--redis-url", redis_url, "--bucket", s3_bucket_url,
+         "--run", "probe-run"],
+        env=service_env(s3_front.url), capture_output=True, text=True, timeout=120)
     assert out.returncode == 2, out.stderr[-3000:]
     assert len(refusal_lines(out.stdout + out.stderr, s3_front.url)) == 1, out.stderr[-3000:]

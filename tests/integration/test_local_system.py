@@ -1,6 +1,6 @@
 """LocalSystem on real processes: its own redis-server or a given one, and kill, freeze, thaw,
 restart, supervision and the ordered stop, on stand-in services (`python -m timeit` running a
-statement: a real process that sleeps or exits with an error)."""
+statement: a real process that sleeps or exits with an error, or refusing a flag: exit 2)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from brigade_harness.system import LocalSystem, redis_answers
 
 SLEEP = ["-n", "1", "import time; time.sleep(120)"]
 FAIL = ["-n", "1", "raise SystemExit(3)"]
+BAD_FLAG = ["--bogus"]  # timeit exits 2, as a service does on a bad configuration
 
 
 def state(pid: int) -> str:
@@ -57,3 +58,14 @@ def test_kill_freeze_restart_and_supervise(tmp_path):
         assert "SystemExit: 3" in learner.tail()
     assert not worker.alive() and worker.proc.returncode == -signal.SIGTERM   # stopped by close()
     assert system.redis.proc.poll() is not None
+
+
+def test_supervision_does_not_restart_what_a_restart_would_repeat(tmp_path):
+    """Exit 2 (a bad configuration) and 3 (a crash loop) end the supervision with the service's last line."""
+    with LocalSystem(tmp_path) as system:
+        refused = system.spawn("janitor", BAD_FLAG, module="timeit")
+        assert refused.env["BRIGADE_STATE_DIR"] == str(tmp_path / "state")  # the run's own crash journals
+        refused.proc.wait(30)
+        assert system.restart_crashed(max_restarts=3) == \
+            "janitor exited with 2 (a bad configuration), not restarted: use -h/--help for command line help"
+        assert refused.starts == 1

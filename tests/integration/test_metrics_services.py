@@ -40,9 +40,11 @@ def scrape_when_up(proc: subprocess.Popen, port: int, ready, timeout_s: float = 
     ("evaluator", ["--no-worker", "--run", "nothing-here"],
      lambda s: "brigade_evaluator_evaluations_queued_total" in s),
 ])
-def test_service_serves_metrics(service, args, ready, redis_url):
+def test_service_serves_metrics(service, args, ready, redis_url, file_bucket_url):
     port = free_port()
-    env = dict(os.environ, BRIGADE_METRICS_PORT=str(port), BRIGADE_REDIS_URL=redis_url, BRIGADE_LOG_FORMAT="json")
+    # (the evaluator probes its bucket at start: a folder of the test's, not ./brigade-runs)
+    env = dict(os.environ, BRIGADE_METRICS_PORT=str(port), BRIGADE_REDIS_URL=redis_url, BRIGADE_LOG_FORMAT="json",
+               BRIGADE_BUCKET=file_bucket_url)
     proc = subprocess.Popen([sys.executable, "-m", "brigade_cli.main", service, *args], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:

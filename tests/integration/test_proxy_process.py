@@ -50,17 +50,24 @@ def test_proxy_process_serves_and_stops_on_sigterm(redis_url, tmp_path):
             proc.wait()
 
 
-def test_proxy_refuses_a_taken_port(redis_url):
+def test_proxy_refuses_a_taken_port(redis_url, tmp_path):
+    """A crash at start: one line saying what and where, its record in the proxy's crash journal."""
     port = free_port()
     first = subprocess.Popen([sys.executable, "-m", "brigade_proxy", "--listen", f"127.0.0.1:{port}",
                               "--redis-url", redis_url, "--bucket", ""],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for_port(port, proc=first)
+        env = dict(os.environ, BRIGADE_LOG_FORMAT="json", BRIGADE_STATE_DIR=str(tmp_path))
         second = subprocess.run([sys.executable, "-m", "brigade_proxy", "--listen", f"127.0.0.1:{port}",
-                                 "--redis-url", redis_url, "--bucket", ""], capture_output=True, text=True, timeout=30)
-        assert second.returncode == 1
-        assert "brigade proxy:" in second.stderr and "Traceback" not in second.stderr
+                                 "--redis-url", redis_url, "--bucket", ""], env=env, capture_output=True, text=True,
+                                timeout=30)
+        assert second.returncode == 1 and "Traceback" not in second.stderr, second.stderr
+        crashed = [json.loads(line) for line in second.stderr.splitlines() if '"crashed"' in line]
+        assert len(crashed) == 1, second.stderr
+        assert crashed[0]["error"].startswith("RuntimeError: ") and f"127.0.0.1:{port}" in crashed[0]["error"]
+        assert crashed[0]["where"].startswith("brigade_proxy/server.py:") and crashed[0]["where"].endswith("start_server")
+        assert crashed[0]["journal"] == str(tmp_path / "crashes" / "proxy-all.jsonl")
     finally:
         first.terminate()
         first.wait(10)

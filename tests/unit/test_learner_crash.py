@@ -1,4 +1,5 @@
-"""The learner's crash points: armed only by BRIGADE_LEARNER_DIE_AT, and only at that phase of that step."""
+"""The learner's crash points: armed only by BRIGADE_LEARNER_DIE_AT, and only at that phase of that step,
+where they SIGKILL the process or (`raise:`) raise an error."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import sys
 
 import pytest
 
-from brigade_learner.crash import ENV, PHASES, CrashPoints
+from brigade_learner.crash import ENV, PHASES, RAISE, CrashPoints
 
 SCRIPT = """
 from brigade_learner.crash import CrashPoints
@@ -28,6 +29,14 @@ def test_the_process_dies_exactly_at_the_named_point():
     passed = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("passed ")]
     assert passed == ["before_train@1", "after_train@1", "mid_checkpoint@1", "before_train@2"]
     assert "fault_injection_kill" in proc.stdout
+
+
+def test_the_raise_form_raises_exactly_at_the_named_point():
+    crash = CrashPoints.from_env({ENV: f"{RAISE}after_train@2"})
+    for phase, step in (("after_train", 1), ("before_train", 2), ("mid_checkpoint", 2)):
+        crash.at(phase, step)
+    with pytest.raises(RuntimeError, match=f"fault injected at after_train@2 \\({ENV}\\)"):
+        crash.at("after_train", 2)
 
 
 def test_unset_or_elsewhere_is_a_no_op():

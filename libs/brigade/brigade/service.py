@@ -1,16 +1,20 @@
 """Running a service's main coroutine: stopped by SIGTERM or SIGINT, and its exit status.
 
     def learner(...):                       # a typer command
+        journal = crash_journal("learner", cfg.run, cfg.state_dir)   # exits 3 at once in a crash loop
         ...
-        exit_with(lambda: serve(cfg), log, proxy)
+        exit_with(lambda: serve(cfg), log, proxy, journal)
 
     async def serve(cfg):
         ...
         return await until_signal(Learner(...).run())
 
-Exit status, one convention for the learner, the aggregator and the local trainer: 0 done; 1 the
-proxy refused (one line naming what to check); 2 a bad configuration (ConfigError: one line); 128 + N
-stopped by signal N before it was done, so a supervisor that restarts on failure starts it again.
+Exit status, one convention for every service: 0 done; 1 crashed: an error escaped (the proxy's
+refusal included), one `crashed` line saying what, where and at which step (brigade.crash_loop),
+and a supervisor should start it again; 2 a bad configuration (ConfigError: one line), which a
+restart would repeat; 3 a crash loop: the same error at the same step 3 times in a row, not retried,
+and refused at once on every start until its journal is removed; 128 + N stopped by signal N before
+it was done, so a supervisor that restarts on failure starts it again.
 """
 
 from __future__ import annotations
@@ -51,23 +55,42 @@ async def until_signal(work: Awaitable[object], on_signal: Callable[[signal.Sign
     return None
 
 
-def exit_with(main: Callable[[], Awaitable[signal.Signals | None]], service_log, proxy: str,
+def crash_journal(service: str, run: str, state_dir_setting: str, instance: str = ""):
+    """The service's crash journal (brigade.crash_loop), looked at first: when it ends in a crash loop
+    the service stops here, with the crash_loop line and exit 3, before it loads anything."""
+    import typer
+
+    from brigade.crash_loop import CrashJournal, state_dir
+
+    journal = CrashJournal(state_dir(state_dir_setting), service, run, instance)
+    if (looping := journal.loop()) is not None:
+        raise typer.Exit(journal.refuse(looping))
+    return journal
+
+
+def exit_with(main: Callable[[], Awaitable[signal.Signals | None]], service_log, proxy: str, journal,
               signal_is_failure: bool = True) -> None:
-    """asyncio.run(main()) and the exit status above (typer.Exit unless it is 0). A service whose
-    SIGTERM is a clean hand-over (the local trainer: its leases go back) passes signal_is_failure=False."""
+    """asyncio.run(main()) under the crash journal and the exit status above (typer.Exit unless it is
+    0). A service whose SIGTERM is a clean hand-over (the local trainer: its leases go back) passes
+    signal_is_failure=False."""
     import grpc
     import typer
 
     from brigade.config import ConfigError
+    from brigade.crash_loop import describe, one_line
     from brigade.rpc import describe_rpc_error
 
-    try:
-        stopped_by = asyncio.run(main())
-    except grpc.aio.AioRpcError as e:
-        service_log.error("proxy_error", error=describe_rpc_error(e, proxy))
-        raise typer.Exit(1) from None
-    except ConfigError as e:
-        service_log.error("config_error", error=str(e))
-        raise typer.Exit(2) from None
-    if stopped_by is not None and signal_is_failure:
-        raise typer.Exit(128 + stopped_by)
+    def run() -> int:
+        try:
+            stopped_by = asyncio.run(main())
+        except ConfigError as e:  # not a crash: a restart would only say it again
+            service_log.error("config_error", error=str(e))
+            return 2
+        return 128 + stopped_by if stopped_by is not None and signal_is_failure else 0
+
+    def wording(e: BaseException) -> str:  # the proxy's refusals name what to check
+        return one_line(describe_rpc_error(e, proxy)) if isinstance(e, grpc.aio.AioRpcError) else describe(e)
+
+    code = journal.run(run, wording)
+    if code:
+        raise typer.Exit(code)

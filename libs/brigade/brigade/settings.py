@@ -215,6 +215,10 @@ METRICS_PORT = Setting(0, "Serve Prometheus metrics at http://0.0.0.0:PORT/metri
 TRACKER_DIR = Setting("trackers", "Folder for the experiment trackers' local files (W&B offline runs, "
                       "TensorBoard events).", flag="--tracker-dir", env="BRIGADE_TRACKER_DIR")
 SPEC = Setting("", "Run spec file (YAML or TOML).", flag="--spec", env="BRIGADE_SPEC")
+STATE_DIR = Setting("", "Folder for this machine's crash journals (crashes/<service>-<run>.jsonl), which stop a "
+                    "service that crashes the same way 3 times in a row (exit 3); empty = "
+                    "$XDG_STATE_HOME/brigade, else ~/.local/state/brigade.", flag="--state-dir",
+                    env="BRIGADE_STATE_DIR")
 
 # what a rollout worker and a local trainer share: the machines of the fleet
 CAPACITY_CLASS = Setting("spot", "spot or on-demand, reported in every manifest.", flag="--capacity-class",

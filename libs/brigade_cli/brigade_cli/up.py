@@ -4,13 +4,14 @@ Redis (the one at BRIGADE_REDIS_URL if it answers, else a redis-server of our ow
 local folder unless BRIGADE_BUCKET says otherwise), proxy, janitor, learner, N rollout workers and
 the evaluator. Checks the spec, its model, datasets and reward functions before starting anything;
 shows progress; restarts a service that dies (MAX_RESTARTS times each; each one resumes from Redis
-and the bucket); stops the run when it makes no progress while batches keep failing, with the cause;
-stops everything it started on exit, Ctrl-C or SIGTERM; and leaves summary.json, metrics.jsonl,
-plots, logs and a snapshot that `brigade ctl` reads in the run's output folder.
+and the bucket), but not one that exits 2 (a bad configuration) or 3 (a crash loop): the run stops
+with that service's last line; stops the run when it makes no progress while batches keep failing,
+with the cause; stops everything it started on exit, Ctrl-C or SIGTERM; and leaves summary.json,
+metrics.jsonl, plots, logs and a snapshot that `brigade ctl` reads in the run's output folder.
 
-Exit status: 0 the run reached max_steps; 1 a service kept dying or the run stalled; 2 a bad spec,
-file or run id (nothing was started); 3 --max-wall was reached; 128+N stopped by signal N (130 for
-Ctrl-C, 143 for SIGTERM).
+Exit status: 0 the run reached max_steps; 1 a service kept dying or would not start again, or the
+run stalled; 2 a bad spec, file or run id (nothing was started); 3 --max-wall was reached; 128+N
+stopped by signal N (130 for Ctrl-C, 143 for SIGTERM).
 """
 
 from __future__ import annotations

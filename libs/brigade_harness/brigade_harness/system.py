@@ -44,6 +44,8 @@ LAUNCHER = "brigade_cli.main"  # `python -m brigade_cli.main ARGS` is `brigade A
 # stop order: workers and trainers first (they hand their leases back), the learner or the aggregator, then
 # the coordination layer (the janitor and the proxy do not need each other: they stop together)
 STOP_ORDER = {"rollout": 0, "trainer": 0, "evaluator": 0, "learner": 1, "aggregator": 1, "janitor": 2, "proxy": 2}
+# exit statuses of a service that a restart would only repeat (brigade.service)
+NOT_RESTARTED = {2: "a bad configuration", 3: "a crash loop"}
 
 
 class Forker(Protocol):
@@ -193,8 +195,10 @@ class LocalSystem:
         return self.moto.url
 
     def service_env(self) -> dict[str, str]:
+        # the crash journals (brigade.crash_loop) in the run's folder: this run's crashes, no one else's
         env = dict(process_env(self.base_env), BRIGADE_REDIS_URL=self.redis_url, BRIGADE_BUCKET=self.bucket,
-                   BRIGADE_PROXY=self.proxy, BRIGADE_LISTEN=self.proxy, BRIGADE_TOKEN=self.token)
+                   BRIGADE_PROXY=self.proxy, BRIGADE_LISTEN=self.proxy, BRIGADE_TOKEN=self.token,
+                   BRIGADE_STATE_DIR=str(self.root / "state"))
         if self.run:
             env["BRIGADE_RUN"] = self.run
         if self.rq_url:
@@ -257,11 +261,16 @@ class LocalSystem:
 
     def restart_crashed(self, max_restarts: int) -> str | None:
         """Start again every service that died: each resumes where its state (Redis, the bucket)
-        says, which is the point of the design. Returns an error when one keeps dying."""
+        says, which is the point of the design. Returns an error when one keeps dying, or exited
+        with a status a restart would only repeat (2 a bad configuration, 3 a crash loop), naming
+        its last line."""
         for svc in list(self.services.values()):
             if not svc.crashed():
                 continue
             rc = svc.proc.returncode
+            if rc in NOT_RESTARTED:
+                last = (svc.last_problems(1) or [svc.tail(400).strip().rsplit("\n", 1)[-1]])[0]
+                return f"{svc.name} exited with {rc} ({NOT_RESTARTED[rc]}), not restarted: {last}"
             if svc.starts > max_restarts:
                 return f"{svc.name} exited with {rc} {svc.starts} times; its log: {svc.log}"
             print(f"{svc.name} exited with {rc}: restarting it ({svc.starts}/{max_restarts})", file=sys.stderr)

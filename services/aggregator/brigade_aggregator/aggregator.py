@@ -35,7 +35,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 
-from brigade import adapters, keys
+from brigade import adapters, crash_loop, keys
 from brigade.bucket import (
     Bucket,
     BucketError,
@@ -164,6 +164,7 @@ class Aggregator:
     async def round(self) -> None:
         """Wait for enough usable contributions, merge them, publish version + 1."""
         v = self.state.version
+        crash_loop.at_step(v + 1)  # a crash in this round is recorded at the version it makes
         deadline = self.state.created_ms / 1000 + self.ls.round_timeout_s
         while True:
             self._drop_stale(v)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from brigade.settings import BUCKET, LOG_LEVEL, METRICS_PORT, PROXY, RUN, TLS_CA, TOKEN, setting
+from brigade.settings import BUCKET, LOG_LEVEL, METRICS_PORT, PROXY, RUN, STATE_DIR, TLS_CA, TOKEN, setting
 
 
 @dataclass
@@ -20,6 +20,7 @@ class AggregatorConfig:
                                  "so pending contributions come back.", env="BRIGADE_AGGREGATOR_ID")
     keep_rounds: int = setting(3, "Round records kept in the bucket (the newest); older ones are deleted. "
                                "0 = keep all.", env="BRIGADE_KEEP_ROUNDS", low=0)
+    state_dir: str = STATE_DIR.field()
     metrics_port: int = METRICS_PORT.field()
     log_level: str = LOG_LEVEL.field()
     pull_wait_ms: int = 1000  # not a flag

@@ -16,14 +16,14 @@ def learner(cfg: LearnerConfig) -> None:
 
     Resumes from the newest complete checkpoint in the bucket; with --spec, creates the run at the
     proxy first if it does not exist (the run id defaults to the spec's). Exits 0 after max_steps;
+    1 when it crashed, 2 for a bad configuration, 3 when it crashed the same way 3 times in a row;
     128 + the signal's number when SIGTERM or SIGINT stopped it first.
     """
     from brigade.log import configure_logging
 
     log = configure_logging("learner", cfg.log_level)
     from brigade.config import ConfigError
-    from brigade.service import exit_with
-    from brigade_learner.learner import serve
+    from brigade.service import crash_journal, exit_with
 
     if not cfg.run:  # no --run / BRIGADE_RUN: the spec file's run, else the default run
         cfg.run = RUN.default
@@ -35,12 +35,14 @@ def learner(cfg: LearnerConfig) -> None:
             except ConfigError as e:
                 log.error("config_error", error=str(e))
                 raise typer.Exit(2) from None
+    journal = crash_journal("learner", cfg.run, cfg.state_dir)  # a crash loop stops here, before torch loads
     from brigade.prom import serve_metrics
+    from brigade_learner.learner import serve
 
     serve_metrics(cfg.metrics_port)
     # stopped before max_steps is not a success, so a supervisor that restarts on failure (a
     # Kubernetes Job after a node drain, compose, systemd) starts it again; 0 means finished
-    exit_with(lambda: serve(cfg), log, cfg.proxy)
+    exit_with(lambda: serve(cfg), log, cfg.proxy, journal)
 
 
 def main() -> None:

@@ -20,6 +20,7 @@ from brigade.settings import (
     REWARD_WORKERS,
     RUN,
     SPEC,
+    STATE_DIR,
     TLS_CA,
     TOKEN,
     TRACKER_DIR,
@@ -57,6 +58,7 @@ class LearnerConfig:
         "spec's report_to. [default: the run spec's]", env="BRIGADE_REPORT_TO", show_default=False,
         parse=parse_report_to)
     tracker_dir: str = TRACKER_DIR.field()
+    state_dir: str = STATE_DIR.field()
     metrics_port: int = METRICS_PORT.field()
     log_level: str = LOG_LEVEL.field()
     pull_wait_ms: int = 2000  # not a flag
@@ -77,5 +79,6 @@ class TrainerConfig:
     exit_when_finished: bool = EXIT_WHEN_FINISHED.field()
     redis_url: str = REWARD_REDIS.field()  # rq queue for sandboxed rewards
     reward_workers: bool = REWARD_WORKERS.field()
+    state_dir: str = STATE_DIR.field()
     metrics_port: int = METRICS_PORT.field()
     log_level: str = LOG_LEVEL.field()

@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 import grpc
 import structlog
 
-from brigade import adapters, keys
+from brigade import adapters, crash_loop, keys
 from brigade.bucket import (
     Bucket,
     BucketError,
@@ -297,6 +297,7 @@ class Learner:
         s, spec = self.state, self.spec
         data = await self.prefetch.take(s.version)
         step = s.step + 1
+        crash_loop.at_step(step)  # a crash in this step is recorded at it
         self.crash.at("before_train", step)
         rollouts = [a.rollout for a in data.accepted]
         proximal = await self._proximal_adapters(rollouts) if spec.grpo.recompute_logprobs else None

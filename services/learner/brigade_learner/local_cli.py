@@ -19,13 +19,16 @@ def trainer(cfg: TrainerConfig) -> None:
     """
     from brigade.log import configure_logging
     from brigade.prom import serve_metrics
-    from brigade.service import exit_with
+    from brigade.service import crash_journal, exit_with
+    from brigade.settings import fleet_id
 
     log = configure_logging("trainer", cfg.log_level)
+    # one journal per trainer an operator named; hostname-pid (the default) would be a new one each start
+    journal = crash_journal("trainer", cfg.run, cfg.state_dir, "" if cfg.trainer_id == fleet_id() else cfg.trainer_id)
     serve_metrics(cfg.metrics_port)
     from brigade_learner.local import serve
 
-    exit_with(lambda: serve(cfg), log, cfg.proxy, signal_is_failure=False)
+    exit_with(lambda: serve(cfg), log, cfg.proxy, journal, signal_is_failure=False)
 
 
 def main() -> None:

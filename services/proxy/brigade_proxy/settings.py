@@ -10,6 +10,7 @@ from brigade.settings import (
     LOG_LEVEL,
     METRICS_PORT,
     REDIS_URL,
+    STATE_DIR,
     TLS_CERT,
     TLS_KEY,
     TOKEN,
@@ -32,6 +33,7 @@ class ProxySettings:
     pipelined: bool = setting(True, "Run the lease scripts over brigade's pipelining Redis client "
                               "(--no-pipelined: plain redis-py, as `brigade bench proxy` compares).")
     limits: Limits = group(Limits, panel="Limits")
+    state_dir: str = STATE_DIR.field()
     metrics_port: int = METRICS_PORT.field()
     processes: int = setting(
         1, "Proxy processes sharing the listen port (SO_REUSEPORT), one event loop each. One serves about "

@@ -14,14 +14,20 @@ def rollout(cfg: WorkerConfig) -> None:
     """A rollout worker: leases prompt batches, generates groups with the leased adapter version,
     scores them, uploads the rollouts and hands the proxy their manifests.
 
-    SIGTERM or SIGINT hands the batch in progress back (requeued at once) and exits 0.
+    SIGTERM or SIGINT hands the batch in progress back (requeued at once) and exits 0; a worker that
+    cannot work here (a bad configuration, a store that ignores create-only writes) exits 2, one that
+    crashed 1, and 3 when it crashed the same way 3 times in a row.
     """
     import asyncio
     import signal
 
     from brigade.log import configure_logging
+    from brigade.service import crash_journal
+    from brigade.settings import fleet_id
 
     configure_logging("rollout", cfg.log_level)
+    # one journal per worker an operator named (systemd's %H-%i); hostname-pid, the default, is new each start
+    journal = crash_journal("rollout", cfg.run, cfg.state_dir, "" if cfg.worker_id == fleet_id() else cfg.worker_id)
     from brigade.prom import serve_metrics
 
     serve_metrics(cfg.metrics_port)
@@ -34,7 +40,7 @@ def rollout(cfg: WorkerConfig) -> None:
             loop.add_signal_handler(sig, worker.stop)
         return await worker.run()
 
-    code = asyncio.run(main())
+    code = journal.run(lambda: asyncio.run(main()))
     if code:
         raise typer.Exit(code)
 

@@ -18,6 +18,7 @@ from brigade.settings import (
     REWARD_REDIS,
     REWARD_WORKERS,
     RUN,
+    STATE_DIR,
     TLS_CA,
     TOKEN,
     fleet_id,
@@ -43,5 +44,6 @@ class WorkerConfig:
     device: str = DEVICE.field()  # overrides spec.device
     redis_url: str = REWARD_REDIS.field()  # rq queue for sandboxed rewards
     reward_workers: bool = REWARD_WORKERS.field()  # start a local rq worker for them
+    state_dir: str = STATE_DIR.field()
     metrics_port: int = METRICS_PORT.field()
     log_level: str = LOG_LEVEL.field()

@@ -1,7 +1,9 @@
 """The create-only probe: every versioned object (adapters, rollouts, checkpoints, run.pb) is
 written once through `put_new`, which on S3 is a PUT with `If-None-Match: *`. A store that ignores
-the header answers 200 to a second write and silently overwrites, so the learner and each rollout
-worker check once, at start, that the store refuses one.
+the header answers 200 to a second write and silently overwrites, so every service that writes a
+create-only object checks once, at start, that the store refuses one: the learner, each rollout
+worker, the aggregator, each local trainer, the proxy (run.pb and the prompts, when it has a bucket)
+and the evaluator (its results). The janitor writes no object.
 
 The probe's object is `keys.probe_key(run, <uuid4>)`: a fresh key per check, so on a store that
 honours the header it is written exactly once (the second put is the one refused). Nothing reads it.
