@@ -5,8 +5,11 @@ server, `brigade proxy`, `brigade janitor`, `brigade learner`, 3 `brigade rollou
 bearer token on every call). While it runs, rollout workers holding a lease are SIGKILLed again
 and again (and replaced by new ones, as a spot fleet would), the learner is SIGKILLed the moment
 it reports a trained step (while that step is being made durable), the proxy and the janitor are SIGKILLed
-once each (`make chaos`: more of everything, and Redis restarted under load too); everything
-killed is restarted. At the end:
+once each; everything killed is restarted. `make chaos` (BRIGADE_CHAOS_LONG=1) runs longer with
+more of everything, and adds what an outside chaos round found: Redis restarted under load, Redis
+SIGKILLed with the last second of its append-only file lost, Redis at maxmemory for a while (writes
+refused), and the learner SIGKILLed with a file of its newest checkpoint cut in half (state, optimizer,
+adapter, manifest, in turn), which must cost that step and nothing more. At the end:
 
 - the learner reached max_steps and exited 0;
 - no batch was trained twice: the per-step consumed lists of every checkpoint chain with no repeat,
@@ -18,7 +21,11 @@ killed is restarted. At the end:
   object (adapter files, checkpoint manifests, rollout objects) changed after it first appeared;
 - every checkpoint and every adapter version loads into a fresh trainer.
 
-It prints the counts as one JSON line. `make chaos` (BRIGADE_CHAOS_LONG=1) runs longer with more kills.
+It prints the counts as one JSON line, the faults of the long mode with them (the damaged files and
+the steps retrained beside them, the bytes each Redis crash lost, the writes Redis refused when full).
+
+`test_chaos_a_store_that_ignores_create_only_stops_every_writer` (`make chaos`): the system against an
+S3 endpoint that drops `If-None-Match`: every service that writes a create-only object refuses it.
 
 `test_chaos_redis_crash_loses_its_last_second`: Redis itself is SIGKILLed twice and comes back from
 an append-only file cut back to its size a second before the kill (what a host crash under
@@ -40,11 +47,15 @@ from collections import Counter
 
 import botocore.exceptions
 import pytest
+import yaml
 from chaos_support import aof_tail_file, chaos_spec, show_report
 
 from brigade import keys
+from brigade.spec_file import spec_to_dict
+from brigade_harness.devservers import free_port
 from brigade_testing.audited_system import AuditedSystem
-from brigade_testing.bucket_watch import s3_client
+from brigade_testing.bucket_watch import list_keys, s3_client
+from brigade_testing.faulty_s3 import Faults, start_in_thread
 
 LONG = os.environ.get("BRIGADE_CHAOS_LONG", "") not in ("", "0")
 
@@ -57,6 +68,12 @@ JANITOR_KILL_STEPS = (3, 55) if LONG else (3,)
 PROXY_KILL_STEPS = (10, 50, 85) if LONG else (12,)
 REDIS_RESTART_STEPS = (65,) if LONG else ()           # long: Redis restarted (AOF) under load, unannounced
 FREEZE_STEPS = (15, 30, 60, 90) if LONG else (16,)    # a busy worker is SIGSTOPped past its lease, then resumed
+# long: the learner SIGKILLed and a file of its newest checkpoint cut in half, one file kind each time
+DAMAGE_STEPS = ((20, "state.json"), (45, "optimizer.safetensors"), (70, "adapter.safetensors"),
+                (95, "manifest.json")) if LONG else ()
+REDIS_LOST_SECOND_STEPS = (30, 80) if LONG else ()    # long: Redis SIGKILLed, its AOF cut back by 1 s
+REDIS_FULL_STEPS = (35, 85) if LONG else ()           # long: Redis at maxmemory (writes refused) for a while
+REDIS_FULL_S = 6.0
 WORKER_SPEED = 200.0        # each token costs 200x its real time (asleep, no CPU): the fleet, not the learner, sets the pace
 SLOW_WORKER_SPEED = 800.0   # worker 2 is a slower machine: its batches tend to be revoked or go stale
 TIMEOUT_S = 1200 if LONG else 300
@@ -145,6 +162,11 @@ class Chaos:
         self.proxy_kills = list(PROXY_KILL_STEPS)
         self.freezes = list(FREEZE_STEPS)
         self.redis_restarts = list(REDIS_RESTART_STEPS)
+        self.damages = list(DAMAGE_STEPS)
+        self.redis_crashes = list(REDIS_LOST_SECOND_STEPS)
+        self.redis_fulls = list(REDIS_FULL_STEPS)
+        self.aof = AofSizes(system.redis.workdir)
+        self.faults: dict[str, list] = {"damaged": [], "redis_crashes": [], "redis_full": []}
         self.frozen: tuple[str, float] | None = None
         self.next_worker_kill = 1
         self.last_worker_kill = 0.0
@@ -152,7 +174,7 @@ class Chaos:
 
     def pending(self) -> bool:
         return bool(self.assassin.steps or self.janitor_kills or self.proxy_kills or self.freezes or self.frozen
-                    or self.redis_restarts)
+                    or self.redis_restarts or self.damages or self.redis_crashes or self.redis_fulls)
 
     def tick(self) -> None:
         s = self.s
@@ -175,6 +197,18 @@ class Chaos:
             self.redis_restarts.pop(0)
             s.redis.restart()
             s.note("restart", "redis")
+        if self.damages and step >= self.damages[0][0] and not self.assassin.killed.is_set():
+            _, name = self.damages.pop(0)
+            s.kill("learner")
+            damaged_step, attempt = s.damage_newest_checkpoint(name)
+            self.faults["damaged"].append({"file": name, "step": damaged_step, "attempt": attempt})
+            s.restart("learner")
+        if self.redis_crashes and step >= self.redis_crashes[0]:
+            self.redis_crashes.pop(0)
+            self.faults["redis_crashes"].append(crash_redis(s, self.aof))
+        if self.redis_fulls and step >= self.redis_fulls[0]:
+            self.redis_fulls.pop(0)
+            self.faults["redis_full"].append(fill_redis(s, REDIS_FULL_S))
         self.freeze_a_worker(step)
         self.kill_a_worker(step)
 
@@ -239,6 +273,7 @@ def test_chaos(tmp_path, one_torch_thread, capsys):
         system.start()
         chaos = Chaos(system, seed=int.from_bytes(os.urandom(4), "big"))
         chaos.assassin.start()
+        chaos.aof.start()
         deadline = time.monotonic() + TIMEOUT_S
         try:
             while system.services["learner"].alive() or chaos.assassin.killed.is_set() or chaos.frozen:
@@ -248,6 +283,7 @@ def test_chaos(tmp_path, one_torch_thread, capsys):
                 time.sleep(0.05)
         finally:
             chaos.assassin.done.set()
+            chaos.aof.halt.set()
         if chaos.frozen:
             system.thaw([chaos.frozen[0]])
         system.finish(timeout=120)
@@ -255,7 +291,7 @@ def test_chaos(tmp_path, one_torch_thread, capsys):
     problems = report.pop("problems")
     reasons = report.pop("rejection_reasons")
     report.update(mode="long" if LONG else "short", learner_kills=chaos.assassin.kills, freezes=chaos.freeze_log,
-                  redis_restarts=len(REDIS_RESTART_STEPS),
+                  redis_restarts=len(REDIS_RESTART_STEPS), **chaos.faults,
                   wall_s=round(time.monotonic() - t0, 1))
     show_report(capsys, f"rejection reasons in the learner's metrics: {reasons}\nCHAOS " + json.dumps(report))
     assert not problems, "\n".join(problems)
@@ -263,6 +299,10 @@ def test_chaos(tmp_path, one_torch_thread, capsys):
     assert report["steps"] == MAX_STEPS
     assert report["duplicates"] == 0 and report["vanished"] == 0 and report["overwritten"] == 0
     assert report["checkpoints_loaded"] == MAX_STEPS
+    # each damaged checkpoint cost its step (retrained beside it), not the run
+    assert sorted(report["retrained_steps"]) == sorted(d["step"] for d in chaos.faults["damaged"])
+    assert all(c["lost_bytes"] > 0 for c in chaos.faults["redis_crashes"]), chaos.faults
+    assert all(f["refused_writes"] > 0 for f in chaos.faults["redis_full"]), chaos.faults
     kills = report["kills_by_service"]
     assert kills.get("learner") >= len(LEARNER_KILL_STEPS) and kills.get("proxy") == len(PROXY_KILL_STEPS)
     assert kills.get("janitor") == len(JANITOR_KILL_STEPS)
@@ -300,6 +340,7 @@ class AofSizes(threading.Thread):
 
 def crash_redis(system: AuditedSystem, sizes: AofSizes) -> dict:
     """SIGKILL Redis, cut its AOF back by the last second, start it again."""
+    step = system.learner_step()
     killed_at = time.monotonic()
     system.redis.kill()
     tail = aof_tail_file(system.redis.workdir)
@@ -310,7 +351,28 @@ def crash_redis(system: AuditedSystem, sizes: AofSizes) -> dict:
         f.truncate(keep)
     system.redis.restart()
     system.note("crash", "redis", lost_bytes=end - keep)
-    return {"step": system.learner_step(), "lost_bytes": end - keep}
+    return {"step": step, "lost_bytes": end - keep}
+
+
+def fill_redis(system: AuditedSystem, seconds: float) -> dict:
+    """Redis at maxmemory (noeviction): every write that may grow memory is refused for `seconds`,
+    as when a run outgrows the instance, then it has room again. No service may exit over it."""
+    with system.r() as r:
+        before = _oom_errors(r)
+        r.config_set("maxmemory", 1)
+        system.note("full", "redis")
+        try:
+            time.sleep(seconds)
+        finally:
+            r.config_set("maxmemory", 0)
+        refused = _oom_errors(r) - before
+    system.check_no_crash()
+    return {"step": system.learner_step(), "seconds": seconds, "refused_writes": refused}
+
+
+def _oom_errors(r) -> int:
+    """How many commands Redis refused as out of memory (INFO errorstats)."""
+    return int(r.info("errorstats").get("errorstat_OOM", {}).get("count", 0))
 
 
 def test_chaos_redis_crash_loses_its_last_second(tmp_path, one_torch_thread, capsys):
@@ -352,3 +414,45 @@ def test_chaos_redis_crash_loses_its_last_second(tmp_path, one_torch_thread, cap
     assert all(c["lost_bytes"] > 0 for c in crashes), crashes  # each crash lost writes
     assert report["steps"] == CRASH_MAX_STEPS and report["checkpoints_loaded"] == CRASH_MAX_STEPS
     assert report["duplicates"] == 0 and report["vanished"] == 0 and report["overwritten"] == 0
+
+
+WRITERS = ("proxy-with-bucket", "learner", "rollout-0", "evaluator")  # each writes create-only objects
+
+
+@pytest.mark.skipif(not LONG, reason="make chaos; tests/integration/test_bucket_probe.py checks each writer alone")
+def test_chaos_a_store_that_ignores_create_only_stops_every_writer(tmp_path, capsys):
+    """The whole system started against an S3 endpoint that drops `If-None-Match` (a store that would
+    silently overwrite versioned objects): every service that writes one (a proxy given the bucket,
+    the learner, a rollout worker, the evaluator) refuses at start with one line and exit 2; the
+    janitor, which writes nothing to the bucket, runs on; nothing but the probes' keys is written."""
+    t0 = time.monotonic()
+    spec = chaos_spec(f"ignored-{uuid.uuid4().hex[:8]}", 4)
+    with AuditedSystem(tmp_path, spec, workers=1, faults=Faults(drop_headers=("if-none-match",))) as system:
+        system.start_servers()
+        system.faulty = start_in_thread(system.moto.url, system.faults)
+        spec_path = tmp_path / "run.yaml"
+        spec_path.write_text(yaml.safe_dump(spec_to_dict(spec), sort_keys=False))
+        system.spawn("proxy-with-bucket", ["proxy", "--listen", f"127.0.0.1:{free_port()}"])
+        system.start_proxy("--bucket", "")  # the one the others talk to keeps run specs in Redis only
+        system.create_run(spec)
+        system.spawn("janitor", ["janitor", "--interval", "0.5", "--lock-ttl-ms", "2000"])
+        system.spawn("learner", ["learner", "--run", system.run, "--spec", str(spec_path)])
+        system.spawn("rollout-0", ["rollout", "--run", system.run, "--worker-id", "w0"])
+        system.spawn("evaluator", ["evaluator", "--run", system.run])
+        deadline = time.monotonic() + 180
+        while any(system.services[n].alive() for n in WRITERS):
+            assert time.monotonic() < deadline, system.describe()
+            time.sleep(0.2)
+        codes = {n: system.services[n].proc.returncode for n in WRITERS}
+        lines = {n: sum("If-None-Match" in line for line in (system.logs / f"{n}.log").read_text().splitlines())
+                 for n in WRITERS}
+        janitor_alive = system.services["janitor"].alive()
+        written = list_keys(s3_client(system.moto.url), system.bucket_name, "")
+    report = {"mode": "create-only-ignored", "exit_codes": codes, "refusal_lines": lines,
+              "janitor_alive": janitor_alive, "objects": len(written),
+              "probe_objects": sum("/probe/" in k for k in written), "wall_s": round(time.monotonic() - t0, 1)}
+    show_report(capsys, "CHAOS " + json.dumps(report))
+    assert codes == dict.fromkeys(WRITERS, 2)
+    assert lines == dict.fromkeys(WRITERS, 1)
+    assert janitor_alive
+    assert written and all("/probe/" in k for k in written), written
