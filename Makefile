@@ -37,7 +37,9 @@ $(SKY_OK): $(SKY_CONSTRAINTS)
 	$(SKY_VENV)/bin/pip install -q -c $(SKY_CONSTRAINTS) "$(SKYPILOT)"
 	touch $(SKY_OK)
 
-install: $(VENV_OK) $(SKY_OK)
+# the two venvs at once: each pip is one busy core, and SkyPilot's alone takes about a minute
+install:
+	$(MAKE) -j2 $(VENV_OK) $(SKY_OK)
 
 # Refresh constraints.txt: a fresh venv gets the newest releases the requirements allow (torch stays
 # $(TORCH)), its `pip freeze` becomes the new constraints.txt, then the whole suite runs in it. Commit
