@@ -14,10 +14,9 @@ import asyncio
 
 import pytest
 from proxy_support import new_run_id
-from test_learner_service import drive_workers, run_learner, write_spec
+from test_learner_service import learner_rig, run_learner
 
 from brigade.crash_loop import CRASH_LOOP_REPEATS, CrashJournal
-from brigade_testing.tiny import tiny_model
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.timeout(300)]
 
@@ -25,30 +24,19 @@ INJECTED = "RuntimeError: fault injected at before_train@{} (BRIGADE_LEARNER_DIE
 
 
 async def test_a_learner_crashing_the_same_way_three_times_stops(tmp_path, redis_url, file_bucket_url, monkeypatch):
-    from brigade_proxy.server import start_server
-
     state = tmp_path / "state"
     monkeypatch.setenv("BRIGADE_STATE_DIR", str(state))  # run_learner's processes inherit it
     run = new_run_id("crashloop")
-    model_dir = tiny_model(tmp_path / "model", heads=4, tied=True, eos_boost=1.0)
-    spec_path = write_spec(tmp_path, run, model_dir)
-    server = await start_server(redis_url, "127.0.0.1:0", bucket_url=file_bucket_url)
-    addr = f"127.0.0.1:{server.port}"
-    stop = asyncio.Event()
-    driver = asyncio.create_task(drive_workers(addr, file_bucket_url, run, model_dir, stop))
-    log_path = tmp_path / "learner.log"
     lives = ["raise:before_train@2"] * CRASH_LOOP_REPEATS + [None]
     codes, lasts, loaded = [], [], []
-    try:
+    async with learner_rig(tmp_path, redis_url, file_bucket_url, run) as rig:
+        log_path = rig.log_path
         for die_at in lives:
-            rc, events = await asyncio.wait_for(run_learner(addr, file_bucket_url, run, spec_path, log_path, die_at), 120)
+            rc, events = await asyncio.wait_for(
+                run_learner(rig.addr, file_bucket_url, run, rig.spec_path, log_path, die_at), 120)
             codes.append(rc)
             lasts.append(events[-1])
             loaded.append(any(e.get("event") == "model_ready" for e in events))
-    finally:
-        stop.set()
-        driver.cancel()
-        await server.stop(0)
     log = log_path.read_text()[-3000:]
     assert codes == [1, 1, 3, 3], log
     journal = CrashJournal(state, "learner", run).path

@@ -12,11 +12,13 @@ state that reproduces exactly from the previous checkpoint.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -176,18 +178,38 @@ async def run_learner(addr: str, bucket_url: str, run: str, spec_path: Path, log
     return await proc.wait(), events
 
 
-async def test_learner_survives_sigkill_anywhere(tmp_path, redis_url, file_bucket_url):
+@dataclass
+class Rig:
+    addr: str            # the proxy's
+    spec_path: Path
+    log_path: Path       # every learner life appends to it
+    stop: asyncio.Event  # set: the workers' driver stops
+    driver: asyncio.Task
+
+
+@contextlib.asynccontextmanager
+async def learner_rig(tmp_path: Path, redis_url: str, bucket_url: str, run: str):
+    """A real proxy and the workers' driver, around the learner processes a test starts (run_learner)."""
     from brigade_proxy.server import start_server
 
-    run = f"kill-{os.getpid()}-{int(time.time())}"
     model_dir = tiny_model(tmp_path / "model", heads=4, tied=True, eos_boost=1.0)
     spec_path = write_spec(tmp_path, run, model_dir)
-    server = await start_server(redis_url, "127.0.0.1:0", bucket_url=file_bucket_url)
+    server = await start_server(redis_url, "127.0.0.1:0", bucket_url=bucket_url)
     addr = f"127.0.0.1:{server.port}"
     stop = asyncio.Event()
-    driver = asyncio.create_task(drive_workers(addr, file_bucket_url, run, model_dir, stop))
-    log_path = tmp_path / "learner.log"
+    driver = asyncio.create_task(drive_workers(addr, bucket_url, run, model_dir, stop))
     try:
+        yield Rig(addr, spec_path, tmp_path / "learner.log", stop, driver)
+    finally:
+        stop.set()
+        driver.cancel()
+        await server.stop(0)
+
+
+async def test_learner_survives_sigkill_anywhere(tmp_path, redis_url, file_bucket_url):
+    run = f"kill-{os.getpid()}-{int(time.time())}"
+    async with learner_rig(tmp_path, redis_url, file_bucket_url, run) as rig:
+        addr, spec_path, log_path = rig.addr, rig.spec_path, rig.log_path
         lives = [dict(die_at="after_ack@1"),          # between steps
                  dict(die_at="mid_checkpoint@2"),     # part of the checkpoint written, no manifest
                  dict(die_at="after_adapter@3"),      # version written, never published
@@ -201,12 +223,8 @@ async def test_learner_survives_sigkill_anywhere(tmp_path, redis_url, file_bucke
             rejections += [e for e in events if e.get("event") == "rollout_rejected"]
             expected = 0 if not life else 128 + signal.SIGTERM if "term_after_step" in life else -signal.SIGKILL
             assert rc == expected, f"learner exited {rc} in life {life}; log: {log_path.read_text()[-3000:]}"
-        stop.set()
-        completed = await asyncio.wait_for(driver, 30)
-    finally:
-        stop.set()
-        driver.cancel()
-        await server.stop(0)
+        rig.stop.set()
+        completed = await asyncio.wait_for(rig.driver, 30)
     assert completed > MAX_STEPS
 
     # every restart resumed from the newest complete checkpoint: 1, then 1 again (2 was half written), ...
