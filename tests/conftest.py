@@ -5,11 +5,21 @@ test asks for it). The machine's own Redis on 6379 is never touched."""
 from __future__ import annotations
 
 import os
+import tempfile
 import uuid
 
 import pytest
 
 from brigade_harness.devservers import MOTO_ENV, start_moto, start_redis, start_redis_cluster
+
+# the tests' own reward functions live in test modules (test_trl_rewards:..., test_rollout_worker:...),
+# and one test names a package that does not exist to see the import error: this host (the test
+# session, and the services it starts, which inherit the variable) allows them; see brigade.code_policy
+os.environ["BRIGADE_ALLOW_CODE"] = ",".join(filter(None, (os.environ.get("BRIGADE_ALLOW_CODE"), "test_*",
+                                                          "no_such_pkg")))
+# ... and the tiny models and datasets the tests write under the temporary folder
+os.environ["BRIGADE_ALLOW_PATHS"] = ",".join(filter(None, (os.environ.get("BRIGADE_ALLOW_PATHS"),
+                                                           tempfile.gettempdir())))
 
 
 def pytest_collection_modifyitems(items):

@@ -169,7 +169,8 @@ def test_proxy_processes_stop_on_a_taken_metrics_port(redis_url):
                              env=dict(os.environ, BRIGADE_LOG_FORMAT="json"), capture_output=True, text=True,
                              timeout=60)
     assert out.returncode == 1, out.stderr
-    assert f"brigade: cannot serve metrics on 0.0.0.0:{port + 2} (--metrics-port)" in out.stderr
+    # on the --listen host (127.0.0.1), not every interface
+    assert f"brigade: cannot serve metrics on 127.0.0.1:{port + 2} (--metrics-host, --metrics-port)" in out.stderr
     assert "Traceback" not in out.stderr
     listening = _listening(out.stderr.splitlines())
     assert all(entry["metrics_port"] == port + 1 for entry in listening), listening

@@ -97,7 +97,7 @@ def test_resolve_errors():
     with pytest.raises(ValueError, match="built-in.*a Hub id is .owner/name."):
         rewards.resolve("no_such_reward")  # refused at once: not a folder nor a Hub id, so no Hub lookup
     with pytest.raises(ValueError, match="cannot be imported"):
-        rewards.resolve("brigade.nothing_here:fn")
+        rewards.resolve("brigade.recipes.nothing_here:fn")  # an allowed module that is not there
     assert rewards.resolve("test_rewards:good") is good
 
 

@@ -543,3 +543,46 @@ async def test_heartbeat_stops_when_a_batch_fails(env, monkeypatch):
     assert await w._process(lease) is False
     assert w.client.lease.failed and w.stats["failed"] == 1
     assert w.client.lease.heartbeats_after_fail == 0  # 3 before the fix: one per 1/3 s of the 1 s wait
+
+
+async def test_a_spec_naming_code_the_host_does_not_allow_is_refused(env, tmp_path, monkeypatch):
+    """A run whose reward is `subprocess:run` with arguments: a proxy with the default policy refuses
+    it at CreateRun; created through a proxy that allows anything, a real `brigade rollout` on a host
+    with the default policy imports and calls nothing, hands one lease back with the reason
+    (PREEMPTED: no attempt spent) and exits 2 with one line, before loading the model."""
+    await env.start_proxy()
+    run = "wire-code"
+    marker = tmp_path / "marker"
+    rewards = [{"function": "subprocess:run", "kwargs": {"args": ["touch", str(marker)]}}]
+    host = {k: v for k, v in os.environ.items() if k != "BRIGADE_ALLOW_CODE"}
+    monkeypatch.delenv("BRIGADE_ALLOW_CODE")  # the in-process proxy reads its host's policy per call
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await env.create_run(run, 2, rewards=rewards)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "refused by the proxy's code policy" in refused.value.details() and not marker.exists()
+    monkeypatch.setenv("BRIGADE_ALLOW_CODE", "*")
+    await env.create_run(run, 2, rewards=rewards)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "brigade_rollout", "--proxy", env.target, "--bucket", env.bucket_url, "--run", run,
+        env=host, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), 120)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+    text = out.decode()
+    assert proc.returncode == 2, text[-2000:]
+    assert "refused by this host's code policy" in text and "'subprocess' is not allowed" in text
+    assert "engine ready" not in text
+    assert not marker.exists()
+    state = await env.client.runs.GetRun(pb.RunRef(run_id=run))
+    assert state.deadlettered == 0 and not (await env.client.runs.ListLeases(pb.RunRef(run_id=run))).leases
+
+
+async def test_rollout_needs_a_run():
+    """No default run: a worker started without --run (or BRIGADE_RUN) runs nothing (exit 2)."""
+    host = {k: v for k, v in os.environ.items() if k != "BRIGADE_RUN"}
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "brigade_rollout", env=host,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    out, _ = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 2 and b"which run?" in out

@@ -11,10 +11,11 @@ from brigade import keys
 from brigade.store.scripts import CONSTANTS, Declaration, Script, read_source, script_names
 
 COMPOSED = {"complete_acquire": ("complete", "acquire")}  # scripts made of others (-- PARTS:)
-EXPECTED = {"ack", "acquire", "compact", "complete", "contribute", "create_run", "expire", "fail", "heartbeat",
+EXPECTED = {"ack", "acquire", "claim_run", "compact", "complete", "contribute", "create_run", "expire", "fail",
+            "heartbeat",
             "lock_release", "lock_renew", "prune_consumers", "publish", "register_run", "remove_stale", "revoke",
             *COMPOSED}
-GLOBAL_KEY_SCRIPTS = {"lock_release", "lock_renew", "register_run"}  # one global key each, no run's keys
+GLOBAL_KEY_SCRIPTS = {"claim_run", "lock_release", "lock_renew", "register_run"}  # one global key each, no run's keys
 
 
 def _script(name: str) -> Script:

@@ -14,6 +14,9 @@ from dataclasses import dataclass
 WORK_GROUP = "rollout"          # consumer group on `work`: a pending entry is a lease
 LEARNER_GROUP = "learner"       # consumer group on `rollouts`, and on `contributions` (the aggregator is local_sgd's learner)
 RUN_INDEX = "brigade:run-index"  # sorted set, every score 0: the run ids of this Redis in byte order (pages)
+# hash: `run:<run>` -> the credential that created it, `n:<credential>` -> how many it created
+# (runs per credential, with the proxy's tokens file; one key, so one slot on Redis Cluster)
+RUN_OWNERS = "brigade:run-owners"
 JANITOR_LOCK = "brigade:janitor:lock"  # string: the id of the janitor that sweeps
 # the layout before the hash tags: run keys were `brigade:<run>:<name>` and the runs a plain
 # set; `brigade migrate-keys` moves such data to the layout above, and services refuse to start on it

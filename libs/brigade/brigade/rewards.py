@@ -57,16 +57,13 @@ from typing import Any
 
 import structlog
 
+from brigade import code_policy
 from brigade.reward_call import RewardCall
 from brigade.reward_sandbox import RqSandbox, as_coroutine, in_daemon_thread, on_async_loop
 
 log = structlog.get_logger()
 
-BUILTINS = {
-    "demo_sum": "brigade.demo.task:demo_reward",
-    "math": "brigade.reward_builtins:math_reward",
-    "code_exec": "brigade.reward_builtins:code_exec_reward",
-}
+BUILTINS = code_policy.BUILTINS
 ARGUMENTS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
 
 
@@ -77,8 +74,10 @@ class RewardRejected(ValueError):
 def resolve(name: str, kwargs_json: str = "", **model_options) -> Callable[..., list]:
     """The reward function a spec entry names (ValueError, one line, if it cannot be had): a
     built-in, an import path (called with `kwargs` when given: a factory), or a reward model.
-    `model_options` (device, trust_remote_code, revision) go to a reward model."""
-    target = BUILTINS.get(name, name)
+    `model_options` (device, trust_remote_code, revision) go to a reward model.
+    Nothing this host's code policy (brigade.code_policy) does not allow is imported or loaded."""
+    policy = code_policy.current()
+    target = policy.check_function(name)  # CodeRefused (a ValueError) before any import
     module, sep, attr = target.partition(":")
     if not sep:
         if kwargs_json:
@@ -89,6 +88,10 @@ def resolve(name: str, kwargs_json: str = "", **model_options) -> Callable[..., 
             raise ValueError(f"{not_this} (no folder of that name, and a Hub id is 'owner/name')")
         from brigade.reward_model import RewardModel
 
+        policy.check_source("reward model", name)
+        if model_options.get("trust_remote_code") and not policy.remote_code:
+            raise code_policy.CodeRefused(f"reward model {name!r}: trust_remote_code is not allowed on this host "
+                                          f"({code_policy.ALLOW_REMOTE_CODE_ENV}=1 allows it)")
         try:
             return RewardModel.load(name, **model_options)
         except Exception as e:  # noqa: BLE001 - not a model either: the one line says what it can be
@@ -100,6 +103,7 @@ def resolve(name: str, kwargs_json: str = "", **model_options) -> Callable[..., 
     except (ImportError, AttributeError) as e:
         raise ValueError(f"reward function {name!r} cannot be imported: {e}; install its package, or make its "
                          f"module importable from the working directory or PYTHONPATH") from e
+    policy.check_defined(name, fn)  # `os.system` reached through an allowed module is still os.system
     if kwargs_json:
         try:
             fn = fn(**json.loads(kwargs_json))

@@ -172,6 +172,9 @@ def describe_rpc_error(err: grpc.aio.AioRpcError | grpc.RpcError, target: str = 
         return f"cannot reach the proxy{where}: {details} (is `brigade proxy` running? check BRIGADE_PROXY)"
     if code == grpc.StatusCode.UNAUTHENTICATED:
         return f"the proxy{where} refused the token: {details} (set BRIGADE_TOKEN to the proxy's token)"
+    if code == grpc.StatusCode.PERMISSION_DENIED:
+        return (f"the proxy{where} refused this call to the token's credential: {details} (ask for a token "
+                f"with that role in the proxy's tokens file)")
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return f"the proxy{where} did not answer in time"
     return f"{code.name}: {details}"

@@ -209,9 +209,17 @@ TLS_CERT = Setting("", "Server certificate (PEM); TLS when set.", flag="--tls-ce
 TLS_KEY = Setting("", "Server private key (PEM).", flag="--tls-key", env="BRIGADE_TLS_KEY")
 TLS_CA = Setting("", "CA file to verify the proxy's TLS certificate.", flag="--tls-ca", env="BRIGADE_TLS_CA")
 RUN = Setting("demo", "Run id.", flag="--run", env="BRIGADE_RUN")
+# services that execute a run's spec name their run: a default would let whoever creates that run
+# first choose what they run
+RUN_REQUIRED = {"default": "", "doc": "Run id (required: no default run).", "show_default": False}
+NO_RUN = "which run? pass --run RUN (or set BRIGADE_RUN)"
 LOG_LEVEL = Setting("info", "debug, info, warning or error.", flag="--log-level", env="BRIGADE_LOG_LEVEL")
-METRICS_PORT = Setting(0, "Serve Prometheus metrics at http://0.0.0.0:PORT/metrics; 0 = off.",
+METRICS_PORT = Setting(0, "Serve Prometheus metrics at http://HOST:PORT/metrics (HOST: --metrics-host); 0 = off.",
                        flag="--metrics-port", env="BRIGADE_METRICS_PORT", low=0)
+METRICS_HOST = Setting("127.0.0.1", "Address the metrics endpoint binds; 0.0.0.0 for a Prometheus on another "
+                       "host or container.", flag="--metrics-host", env="BRIGADE_METRICS_HOST")
+METRICS_TOKEN = Setting("", "Bearer token a scrape of /metrics must send (Authorization: Bearer ...); empty = "
+                        "none.", flag="--metrics-token", env="BRIGADE_METRICS_TOKEN", show_default=False)
 TRACKER_DIR = Setting("trackers", "Folder for the experiment trackers' local files (W&B offline runs, "
                       "TensorBoard events).", flag="--tracker-dir", env="BRIGADE_TRACKER_DIR")
 SPEC = Setting("", "Run spec file (YAML or TOML).", flag="--spec", env="BRIGADE_SPEC")

@@ -36,8 +36,12 @@ from brigade.v1 import brigade_pb2 as pb
 MAX_PROMPTS = 1_000_000
 # leases of one local_sgd contribution (local_steps x batches_per_step): bounds its manifest
 MAX_ROUND_LEASES = 256
-# distinct worker ids seen (and not yet pruned) per run; more: RESOURCE_EXHAUSTED
+# distinct worker ids seen (and not yet pruned) per run and credential (per run, where the proxy has
+# one credential: one-token mode, no auth); more: RESOURCE_EXHAUSTED
 MAX_WORKERS_PER_RUN = 4_096
+# with a tokens file, each credential has its own worker ids (the proxy's
+# --max-worker-ids-per-credential); this bounds them all together, for Redis's memory
+MAX_WORKER_IDS_PER_RUN = 16_384
 RUN_ID_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")  # whole string: fullmatch (a $ would accept "a\n")
 _INTERVAL = re.compile(r"^([\[(])(\S+), (\S+)([\])])$")  # "[0, 1)"
 _HALF_LINE = re.compile(r"^(>=|>) (\S+)$")  # ">= 1"

@@ -224,6 +224,13 @@ def up(
                 _refuse("--resume needs the run's id: --run RUN (or run_id in the spec)")
             overrides["run_id"] = default_run_id(spec_path)
         spec = build_spec(overrides, path=spec_path or None)
+        # the spec file is the user's own, run on their own machine: what it names is allowed to
+        # the checks here and to the services started below (brigade.code_policy.local_allowance)
+        import os
+
+        from brigade.code_policy import local_allowance
+
+        os.environ.update(local_allowance(spec))
         prompts = preflight(spec)  # a bad model, dataset, column or reward: one line each, nothing started
     except ConfigError as e:
         _refuse(str(e))

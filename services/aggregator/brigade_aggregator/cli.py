@@ -24,7 +24,7 @@ def aggregator(cfg: AggregatorConfig) -> None:
 
     log = configure_logging("aggregator", cfg.log_level)
     journal = crash_journal("aggregator", cfg.run, cfg.state_dir)  # a crash loop stops here, before torch loads
-    serve_metrics(cfg.metrics_port)
+    serve_metrics(cfg.metrics_port, cfg.metrics_host, cfg.metrics_token)
     from brigade_aggregator.aggregator import serve
 
     exit_with(lambda: serve(cfg), log, cfg.proxy, journal)

@@ -6,7 +6,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from brigade.settings import BUCKET, LOG_LEVEL, METRICS_PORT, PROXY, RUN, STATE_DIR, TLS_CA, TOKEN, setting
+from brigade.settings import (
+    BUCKET,
+    LOG_LEVEL,
+    METRICS_HOST,
+    METRICS_PORT,
+    METRICS_TOKEN,
+    PROXY,
+    RUN,
+    STATE_DIR,
+    TLS_CA,
+    TOKEN,
+    setting,
+)
 
 
 @dataclass
@@ -22,5 +34,7 @@ class AggregatorConfig:
                                "0 = keep all.", env="BRIGADE_KEEP_ROUNDS", low=0)
     state_dir: str = STATE_DIR.field()
     metrics_port: int = METRICS_PORT.field()
+    metrics_host: str = METRICS_HOST.field()
+    metrics_token: str = METRICS_TOKEN.field()
     log_level: str = LOG_LEVEL.field()
     pull_wait_ms: int = 1000  # not a flag

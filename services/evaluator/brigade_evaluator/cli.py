@@ -16,10 +16,14 @@ from prometheus_client import Counter
 from brigade.settings import (
     BUCKET,
     LOG_LEVEL,
+    METRICS_HOST,
     METRICS_PORT,
+    METRICS_TOKEN,
+    NO_RUN,
     REDIS_URL,
     RQ_REDIS_URL,
     RUN,
+    RUN_REQUIRED,
     STATE_DIR,
     command,
     setting,
@@ -82,11 +86,13 @@ class EvaluatorSettings:
     redis_url: str = REDIS_URL.field()
     rq_redis_url: str = RQ_REDIS_URL.field()
     bucket: str = BUCKET.field()
-    run: str = RUN.field()
+    run: str = RUN.field(**RUN_REQUIRED)
     worker: bool = setting(True, "Also run the rq worker that executes the jobs.",
                            flag="--worker/--no-worker")
     state_dir: str = STATE_DIR.field()
     metrics_port: int = METRICS_PORT.field()
+    metrics_host: str = METRICS_HOST.field()
+    metrics_token: str = METRICS_TOKEN.field()
     log_level: str = LOG_LEVEL.field()
 
 
@@ -107,6 +113,9 @@ def evaluator(s: EvaluatorSettings) -> None:
     log = configure_logging("evaluator", s.log_level)
     from brigade.redis_clients import is_cluster
 
+    if not s.run:
+        typer.echo(f"brigade evaluator: {NO_RUN}", err=True)
+        raise typer.Exit(2)
     rq_url = s.rq_redis_url or s.redis_url
     if is_cluster(rq_url):
         typer.echo(f"brigade evaluator: --redis-url {s.redis_url} is a Redis Cluster, which rq cannot use; give the "
@@ -115,7 +124,7 @@ def evaluator(s: EvaluatorSettings) -> None:
     journal = crash_journal("evaluator", s.run, s.state_dir)
     from brigade.prom import serve_metrics
 
-    serve_metrics(s.metrics_port)
+    serve_metrics(s.metrics_port, s.metrics_host, s.metrics_token)
     # SIGTERM (docker stop, systemd, brigade up) unwinds like Ctrl-C, so the rq worker is stopped too
     signal.signal(signal.SIGTERM, signal.default_int_handler)
 

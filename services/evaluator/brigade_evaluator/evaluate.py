@@ -46,6 +46,9 @@ async def _evaluate(run: str, version: int, bucket_url: str, redis_url: str, rq_
             spec = (await store.runs.get(run)).spec
         except NotFound:
             raise ValueError(f"no run {run!r} in Redis") from None
+        from brigade.code_policy import refuse_code
+
+        refuse_code(run, spec, bucket_url)  # one line (ConfigError) before the model or any reward is loaded
         engine = _engine(run, spec)
         async with open_bucket(bucket_url) as bucket:
             state, step = None, 0

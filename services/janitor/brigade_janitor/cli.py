@@ -7,7 +7,16 @@ from dataclasses import dataclass
 
 import typer
 
-from brigade.settings import LOG_LEVEL, METRICS_PORT, REDIS_URL, STATE_DIR, command, setting
+from brigade.settings import (
+    LOG_LEVEL,
+    METRICS_HOST,
+    METRICS_PORT,
+    METRICS_TOKEN,
+    REDIS_URL,
+    STATE_DIR,
+    command,
+    setting,
+)
 
 
 @dataclass(frozen=True)
@@ -20,6 +29,8 @@ class JanitorSettings:
                               env="BRIGADE_JANITOR_ID")
     state_dir: str = STATE_DIR.field()
     metrics_port: int = METRICS_PORT.field()
+    metrics_host: str = METRICS_HOST.field()
+    metrics_token: str = METRICS_TOKEN.field()
     log_level: str = LOG_LEVEL.field()
 
 
@@ -46,7 +57,7 @@ def janitor(s: JanitorSettings) -> None:
     from brigade.prom import serve_metrics
     from brigade_janitor.janitor import run_janitor
 
-    serve_metrics(s.metrics_port)
+    serve_metrics(s.metrics_port, s.metrics_host, s.metrics_token)
 
     from brigade.errors import LegacyKeys
 

@@ -39,7 +39,7 @@ def learner(cfg: LearnerConfig) -> None:
     from brigade.prom import serve_metrics
     from brigade_learner.learner import serve
 
-    serve_metrics(cfg.metrics_port)
+    serve_metrics(cfg.metrics_port, cfg.metrics_host, cfg.metrics_token)
     # stopped before max_steps is not a success, so a supervisor that restarts on failure (a
     # Kubernetes Job after a node drain, compose, systemd) starts it again; 0 means finished
     exit_with(lambda: serve(cfg), log, cfg.proxy, journal)

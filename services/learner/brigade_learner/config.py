@@ -13,7 +13,9 @@ from brigade.settings import (
     DEVICE,
     EXIT_WHEN_FINISHED,
     LOG_LEVEL,
+    METRICS_HOST,
     METRICS_PORT,
+    METRICS_TOKEN,
     PRICE_PER_HOUR,
     PROXY,
     REWARD_REDIS,
@@ -60,6 +62,8 @@ class LearnerConfig:
     tracker_dir: str = TRACKER_DIR.field()
     state_dir: str = STATE_DIR.field()
     metrics_port: int = METRICS_PORT.field()
+    metrics_host: str = METRICS_HOST.field()
+    metrics_token: str = METRICS_TOKEN.field()
     log_level: str = LOG_LEVEL.field()
     pull_wait_ms: int = 2000  # not a flag
 
@@ -81,4 +85,6 @@ class TrainerConfig:
     reward_workers: bool = REWARD_WORKERS.field()
     state_dir: str = STATE_DIR.field()
     metrics_port: int = METRICS_PORT.field()
+    metrics_host: str = METRICS_HOST.field()
+    metrics_token: str = METRICS_TOKEN.field()
     log_level: str = LOG_LEVEL.field()

@@ -39,6 +39,7 @@ from brigade.bucket import (
     open_bucket,
     probe_at_start,
 )
+from brigade.code_policy import refuse_code
 from brigade.config import ConfigError
 from brigade.rpc import ProxyClient, retry_unavailable
 from brigade.service import until_signal
@@ -450,6 +451,7 @@ async def serve(cfg: LearnerConfig) -> signal.Signals | None:
         # CreateOnlyIgnored is a ConfigError: exit 2, one line; a store that hiccups is asked again
         await probe_at_start(bucket, cfg.run)
         spec = await ensure_run(client, cfg.proxy, cfg.run, cfg.spec_path)
+        refuse_code(cfg.run, spec, cfg.bucket)
         if spec.topology == "local_sgd":
             raise ConfigError(f"run {cfg.run} has topology local_sgd: it is trained by `brigade trainer` processes "
                               "and `brigade aggregator`, not by a learner")

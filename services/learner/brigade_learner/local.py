@@ -43,6 +43,7 @@ from brigade.bucket import (
     open_bucket,
     probe_at_start,
 )
+from brigade.code_policy import refuse_code
 from brigade.config import ConfigError
 from brigade.datasets import prompt_value
 from brigade.engine.base import Stopped
@@ -322,6 +323,7 @@ async def serve(cfg: TrainerConfig) -> signal.Signals | None:
         await probe_at_start(bucket, cfg.run)
         spec = (await retry_unavailable("GetRun", lambda: client.runs.GetRun(
             pb.RunRef(run_id=cfg.run), timeout=RPC_TIMEOUT_S), cfg.proxy)).spec
+        refuse_code(cfg.run, spec, cfg.bucket)
         if spec.topology != "local_sgd":
             raise ConfigError(f"run {cfg.run} has topology {spec.topology or 'central'}: it is trained by "
                               "`brigade learner` and `brigade rollout` workers, not local trainers")

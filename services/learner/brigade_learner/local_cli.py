@@ -25,7 +25,7 @@ def trainer(cfg: TrainerConfig) -> None:
     log = configure_logging("trainer", cfg.log_level)
     # one journal per trainer an operator named; hostname-pid (the default) would be a new one each start
     journal = crash_journal("trainer", cfg.run, cfg.state_dir, "" if cfg.trainer_id == fleet_id() else cfg.trainer_id)
-    serve_metrics(cfg.metrics_port)
+    serve_metrics(cfg.metrics_port, cfg.metrics_host, cfg.metrics_token)
     from brigade_learner.local import serve
 
     exit_with(lambda: serve(cfg), log, cfg.proxy, journal, signal_is_failure=False)

@@ -22,6 +22,8 @@ from brigade.rpc import TRANSIENT_KEY
 from brigade.store import StoreError
 from brigade.v1 import brigade_pb2 as pb
 from brigade.wire import check_wire
+from brigade_proxy import credentials
+from brigade_proxy.bulk import BULK, bulk_deserializer
 from brigade_proxy.limits import Limits
 
 log = structlog.get_logger("brigade.proxy")
@@ -81,10 +83,11 @@ def _safe_deserializer(cls: type, limit: int) -> Callable[[bytes], Any]:
 
 
 class Slots:
-    """Calls of one kind in flight: at most `total`, and at most `per_client` from one client address."""
+    """Calls of one kind in flight: at most `total`, and at most `per_client` from one client (its
+    address, or with per="credential" its credential name)."""
 
-    def __init__(self, what: str, total: int, per_client: int | None = None):
-        self.what, self.total, self.per_client = what, total, per_client or total
+    def __init__(self, what: str, total: int, per_client: int | None = None, per: str = "client"):
+        self.what, self.total, self.per_client, self.per = what, total, per_client or total, per
         self.used = 0
         self.by_client: dict[str, int] = {}
 
@@ -95,8 +98,8 @@ class Slots:
         if self.used >= self.total:
             raise SlotsFull(f"the proxy has {self.used} {self.what} in flight, its limit; retry later")
         if mine >= self.per_client:
-            raise SlotsFull(f"this client ({client}) has {mine} {self.what} in flight, the limit per client; "
-                            f"close some or retry later")
+            raise SlotsFull(f"this {self.per} ({client}) has {mine} {self.what} in flight, the limit per "
+                            f"{self.per}; close some or retry later")
         self.used += 1
         self.by_client[client] = mine + 1
         try:
@@ -128,7 +131,7 @@ def _gated(method_handler: grpc.RpcMethodHandler, slots: Slots) -> grpc.RpcMetho
 
     async def gated(request_iterator, context: grpc.aio.ServicerContext):
         try:
-            with slots.hold():
+            with slots.hold(credentials.name_of(context)):  # "" without a tokens file: one credential
                 data = await context.read()  # not the iterator: a suspended generator would hold the message
                 if data is grpc.aio.EOF:
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no request message")
@@ -150,7 +153,12 @@ def add_servicer(server: grpc.aio.Server, service: str, servicer: Any, limits: L
         response_cls = getattr(pb, method.output_type.name)
         limit = limits.max_message_bytes if method.name in (gates or {}) else limits.max_request_bytes
         make = grpc.unary_stream_rpc_method_handler if method.server_streaming else grpc.unary_unary_rpc_method_handler
-        handler = make(getattr(servicer, method.name), request_deserializer=_safe_deserializer(request_cls, limit),
+        deserializer = _safe_deserializer(request_cls, limit)
+        if method.name in BULK:  # a million prompts: counted before parsing, parsed in pieces (bulk.py)
+            field, bound = BULK[method.name]
+            deserializer = bulk_deserializer(request_cls, limit, field, getattr(limits, bound), deserializer,
+                                             Refused)
+        handler = make(getattr(servicer, method.name), request_deserializer=deserializer,
                        response_serializer=response_cls.SerializeToString)
         if method.name in (gates or {}):
             handler = _gated(handler, gates[method.name])

@@ -25,6 +25,18 @@ def proxy(s: ProxySettings) -> None:
         raise typer.BadParameter(str(e), param_hint="--log-level") from None
     if bool(s.tls_cert) != bool(s.tls_key):
         raise typer.BadParameter("TLS needs both --tls-cert and --tls-key (BRIGADE_TLS_CERT / BRIGADE_TLS_KEY)")
+    if s.token and s.tokens_file:
+        typer.echo("brigade proxy: give --token (one token, every role: a laptop) or --tokens-file (a token per "
+                   "role and credential), not both", err=True)
+        raise typer.Exit(2)
+    if s.tokens_file:  # a file that cannot be used: one line now, not a crash in each process
+        from brigade_proxy.credentials import CredentialsError, TokenTable
+
+        try:
+            TokenTable(s.tokens_file)
+        except CredentialsError as e:
+            typer.echo(f"brigade proxy: {e}", err=True)
+            raise typer.Exit(2) from None
     if s.processes == 1:
         raise typer.Exit(serve_one(s))
     if s.listen.rsplit(":", 1)[-1] in ("0", ""):

@@ -4,7 +4,18 @@ An interceptor counts every RPC and times it by method and status code, and read
 outcomes off the responses (granted, refused by reason, revoked on heartbeat, dead-lettered on
 failure), so the servicers stay as they are. The run state (queue depths, learner step, the lease
 counts the janitor moves: expired, revoked, dead-lettered) is read from the store's views every
-few seconds and served from that cache: a scrape never waits on Redis."""
+few seconds and served from that cache: a scrape never waits on Redis.
+
+Every label comes from a closed set, so no caller can grow the registry (each label set is a series
+a scrape serves forever):
+- `method`: a method the server registered (brigade's services, health, reflection), else `other`;
+  a call refused for its token is counted as `unauthenticated` whatever path it named (that series
+  exists from the start: an unauthenticated call never creates one). A path the server does not
+  serve, asked with the token or without auth, is answered UNIMPLEMENTED by gRPC and not counted.
+- `code`: a gRPC status name.
+- `run`: the first MAX_RUN_LABELS runs this proxy counts a lease outcome of, then `_other` (not a
+  valid run id); the run-state series cover the first MAX_RUN_LABELS run ids in byte order, and
+  `brigade_proxy_runs_unlabelled` counts the runs left out."""
 
 from __future__ import annotations
 
@@ -21,6 +32,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from brigade.prom import LATENCY_BUCKETS, serve_metrics
 from brigade.store import NotFound, Store
 from brigade.v1 import brigade_pb2 as pb
+
+OTHER = "other"  # the method label of a path the server does not register
+UNAUTHENTICATED = "unauthenticated"  # ... of a call refused for its token, whatever its path
+OTHER_RUN = "_other"  # the run label beyond MAX_RUN_LABELS (a run id starts with [a-z0-9])
+MAX_RUN_LABELS = 100  # distinct run label values per proxy process (read when the server starts)
 
 log = structlog.get_logger()
 
@@ -42,6 +58,24 @@ def _child(metric: Counter | Histogram, *labels: str) -> Any:
     return metric.labels(*labels)
 
 
+class RunLabels:
+    """The run label of a run: its id for the first `cap` runs seen, then OTHER_RUN. Only runs a call
+    succeeded on are seen (a lease outcome is counted off a response), so they exist."""
+
+    __slots__ = ("cap", "seen")
+
+    def __init__(self, cap: int):
+        self.cap, self.seen = cap, set()
+
+    def __call__(self, run: str) -> str:
+        if run in self.seen:
+            return run
+        if len(self.seen) < self.cap:
+            self.seen.add(run)
+            return run
+        return OTHER_RUN
+
+
 def _count_acquire(run: str, response: pb.AcquireLeaseResponse) -> None:
     if response.granted:
         _child(LEASES_GRANTED, run).inc()
@@ -49,15 +83,15 @@ def _count_acquire(run: str, response: pb.AcquireLeaseResponse) -> None:
         _child(LEASES_REFUSED, run, response.reason or "unknown").inc()
 
 
-def _count_outcome(method: str, request: Any, response: Any) -> None:
+def _count_outcome(method: str, request: Any, response: Any, runs: RunLabels) -> None:
     if method == "AcquireLease":
-        _count_acquire(request.run_id, response)
+        _count_acquire(runs(request.run_id), response)
     elif method == "CompleteLease" and response.HasField("next"):  # the next lease, asked for in the same call
-        _count_acquire(request.run_id, response.next)
+        _count_acquire(runs(request.run_id), response.next)
     elif method == "Heartbeat" and response.status == pb.HeartbeatResponse.REVOKED:
-        _child(LEASES_REVOKED, request.run_id).inc()
+        _child(LEASES_REVOKED, runs(request.run_id)).inc()
     elif method == "FailLease" and response.deadlettered:
-        _child(LEASES_DEADLETTERED, request.run_id).inc()
+        _child(LEASES_DEADLETTERED, runs(request.run_id)).inc()
 
 
 _BY_VALUE = {c.value[0]: c for c in grpc.StatusCode}
@@ -90,22 +124,47 @@ class _Timed:
             code = "CANCELLED"  # a watcher going away: the usual end of a stream
         else:  # a unary call keeps the status it was given, cancelled or not
             code = _code(self.context, grpc.StatusCode.UNKNOWN)
-        _observe(self.method, code, time.perf_counter() - self.start)
+        # refused for its token: one fixed series, whatever path it named (the path is the caller's)
+        _observe(UNAUTHENTICATED if code == "UNAUTHENTICATED" else self.method, code, time.perf_counter() - self.start)
+
+
+def known_methods() -> dict[str, str]:
+    """Each method path the proxy registers -> its label (the method's name)."""
+    from grpc_health.v1 import health_pb2
+    from grpc_reflection.v1alpha import reflection_pb2
+
+    services = [*pb.DESCRIPTOR.services_by_name.values(), *health_pb2.DESCRIPTOR.services_by_name.values(),
+                *reflection_pb2.DESCRIPTOR.services_by_name.values()]
+    paths = {f"/{s.full_name}/{m.name}": m.name for s in services for m in s.methods}
+    # reflection v1 serves the same method under its own package (brigade_proxy.reflection)
+    paths |= {p.replace("/grpc.reflection.v1alpha.", "/grpc.reflection.v1."): m for p, m in paths.items()
+              if p.startswith("/grpc.reflection.v1alpha.")}
+    return paths
 
 
 class RpcMetrics(grpc.aio.ServerInterceptor):
+    """Counts and times every call the server answers, labelled from closed sets (the module's doc)."""
+
+    def __init__(self, max_runs: int | None = None):
+        self.methods = known_methods()
+        self.runs = RunLabels(MAX_RUN_LABELS if max_runs is None else max_runs)
+        for code in ("UNAUTHENTICATED",):  # present from the start: a refused call never adds a series
+            _child(RPCS, UNAUTHENTICATED, code)
+            _child(RPC_SECONDS, UNAUTHENTICATED, code)
+
     async def intercept_service(self, continuation, details: grpc.HandlerCallDetails):
         handler = await continuation(details)
         if handler is None:
             return None
-        method = details.method.rpartition("/")[2]
+        method = self.methods.get(details.method, OTHER)
+        runs = self.runs
         if handler.unary_unary:
             inner = handler.unary_unary
 
             async def unary(request, context):
                 with _Timed(method, context):
                     response = await inner(request, context)
-                    _count_outcome(method, request, response)
+                    _count_outcome(method, request, response, runs)
                     return response
 
             return grpc.unary_unary_rpc_method_handler(unary, handler.request_deserializer,
@@ -166,6 +225,7 @@ class RunStateCollector:
 
     def __init__(self) -> None:
         self.states: list[pb.RunState] = []
+        self.unlabelled = 0  # runs beyond MAX_RUN_LABELS, not shown
 
     def collect(self):
         families = {f: GaugeMetricFamily(name, doc, labels=["run"]) for f, (name, doc) in _GAUGES.items()}
@@ -174,17 +234,21 @@ class RunStateCollector:
             for field, family in families.items():
                 family.add_metric([s.spec.run_id], float(getattr(s, field)))
         yield from families.values()
+        yield GaugeMetricFamily("brigade_proxy_runs_unlabelled",
+                                f"Runs beyond the first {MAX_RUN_LABELS} (by id) that the run-state series leave out",
+                                value=self.unlabelled)
 
     async def refresh(self, store: Store, period_s: float = 5.0) -> None:
         while True:
             try:
                 states = []
-                for run in await store.runs.ids():
+                ids = await store.runs.ids()
+                for run in ids[:MAX_RUN_LABELS]:
                     try:
                         states.append(await store.views.run_state(run))
                     except NotFound:
                         continue
-                self.states = states
+                self.states, self.unlabelled = states, max(0, len(ids) - MAX_RUN_LABELS)
             except Exception as e:  # noqa: BLE001 - Redis down: keep the last snapshot, try again
                 log.debug("run_state_refresh_failed", error=str(e)[:200])
             await asyncio.sleep(period_s)
@@ -194,9 +258,10 @@ RUN_STATE = RunStateCollector()
 REGISTRY.register(RUN_STATE)
 
 
-def start_metrics(port: int, store: Store) -> asyncio.Task | None:
-    """Serve /metrics on `port` (0 = off) and keep the run-state snapshot fresh; the task to cancel."""
+def start_metrics(port: int, store: Store, host: str = "127.0.0.1", token: str = "") -> asyncio.Task | None:
+    """Serve /metrics on host:`port` (0 = off; to a scrape bearing `token` if set) and keep the
+    run-state snapshot fresh; the task to cancel."""
     if port <= 0:
         return None
-    serve_metrics(port)
+    serve_metrics(port, host, token)
     return asyncio.create_task(RUN_STATE.refresh(store))

@@ -81,9 +81,10 @@ def _serve(s: ProxySettings, reuse_port: bool, probe: bool) -> int:
     try:
         # uvloop: the same calls cost the proxy about 6 % less CPU and 30 % less p50 latency than on
         # asyncio's own loop (`brigade bench proxy`), most of it in the loop's socket and timer handling
-        uvloop.run(serve(s.listen, s.redis_url, bucket_url=s.bucket, token=s.token, tls_cert=s.tls_cert,
-                         tls_key=s.tls_key, grace=s.grace, pipelined=s.pipelined, limits=s.limits,
-                         metrics_port=s.metrics_port, reuse_port=reuse_port))
+        uvloop.run(serve(s.listen, s.redis_url, bucket_url=s.bucket, token=s.token, tokens_file=s.tokens_file,
+                         tls_cert=s.tls_cert, tls_key=s.tls_key, grace=s.grace, pipelined=s.pipelined, limits=s.limits,
+                         metrics_port=s.metrics_port, metrics_host=s.metrics_host,
+                         metrics_token=s.metrics_token, reuse_port=reuse_port))
     except LegacyKeys as e:  # a Redis of the key layout before hash tags: `brigade migrate-keys` first
         print(f"brigade proxy: {e}", file=sys.stderr)
         return 2
@@ -126,8 +127,14 @@ def serve_processes(s: ProxySettings) -> int:
             if child.pid is not None and child.exitcode is None:
                 os.kill(child.pid, signal.SIGTERM)
 
+    def forward_hup(*_: Any) -> None:  # re-read the tokens file: each process holds its own table
+        for child in children:
+            if child.pid is not None and child.exitcode is None:
+                os.kill(child.pid, signal.SIGHUP)
+
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGHUP, forward_hup)
     for child in children:
         child.start()
     log.info("proxy processes started", processes=s.processes, listen=s.listen,

@@ -4,8 +4,10 @@
 Every handler calls one store operation (which checks the request) and maps refusals to status codes;
 anything unexpected becomes INTERNAL (logged with its traceback) and the server keeps serving.
 Health checking and reflection (v1 and v1alpha) are registered so `grpcurl` and load balancers
-work; they stay open when a bearer token is required. The limits of limits.py are enforced here:
-request sizes per method, CreateRun calls, WatchRun streams and PullRollouts in flight.
+work; they stay open when a bearer token is required. With a tokens file (credentials.py) each
+caller's credential may call only its roles' methods. The limits of limits.py are enforced here:
+request sizes per method, CreateRun calls, WatchRun streams and PullRollouts in flight, and with a
+tokens file the quotas of each credential (CreateRun calls in flight, runs created, worker ids per run).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import inspect
+import itertools
 import os
 import signal
 import time
@@ -26,15 +29,17 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from brigade import keys
+from brigade.code_policy import CodePolicy, check_spec
 from brigade.errors import LegacyKeys
+from brigade.prom import listen_host
 from brigade.rpc import KEEPALIVE_MS, BearerAuthInterceptor, server_credentials, server_options
 from brigade.spec import fill_defaults
 from brigade.store import AlreadyExists, InvalidArgument, NotFound, Store
-from brigade.store.runs import prompt_bundle
+from brigade.store.runs import BREATHE_EVERY, BULK_WORK, breathe, prompt_bundle
 from brigade.v1 import brigade_pb2 as pb
 from brigade.v1 import brigade_pb2_grpc as pbg
 from brigade.wire import check_manifest_worker, check_run_spec
-from brigade_proxy import reflection
+from brigade_proxy import credentials, reflection
 from brigade_proxy.calls import Slots, add_servicer, client_address, rpc, rpc_stream
 from brigade_proxy.limits import Limits
 from brigade_proxy.metrics import RpcMetrics, start_metrics
@@ -54,10 +59,13 @@ class Proxy:
     """What the three servicers share: the store and (optionally) the bucket."""
 
     def __init__(self, store: Store, bucket: Any = None, bucket_url: str = "", owns_bucket: bool = True,
-                 limits: Limits | None = None):
+                 limits: Limits | None = None, tokens: credentials.TokenTable | None = None):
         self.store = store
         self.limits = limits = limits or Limits()
-        self.create_runs = Slots("CreateRun calls", limits.max_create_runs)
+        self.tokens = tokens  # None: one credential (one-token mode, no auth), no per-credential quotas
+        # keyed by credential name (credentials.name_of): with one credential, the total is the only bound
+        self.create_runs = Slots("CreateRun calls", limits.max_create_runs,
+                                 limits.max_create_runs_per_credential if tokens else None, per="credential")
         self.streams = Slots("WatchRun streams", limits.max_streams, limits.max_streams_per_client)
         self.pulls = Slots("PullRollouts calls", limits.max_pulls, limits.max_pulls_per_client)
         self.bucket = bucket
@@ -86,6 +94,16 @@ class Proxy:
                     raise AlreadyExists(f"the bucket already holds a different {key} (from an earlier run with "
                                         f"this id?); pick a new run_id") from None
 
+    def worker_quota(self, context: grpc.aio.ServicerContext) -> dict[str, Any]:
+        """The store's per-credential worker-id arguments for the caller (acquire.lua)."""
+        return dict(credential=credentials.name_of(context),
+                    max_credential_workers=self.limits.max_worker_ids_per_credential)
+
+    async def claim_run(self, context: grpc.aio.ServicerContext, run: str) -> None:
+        """Runs per credential: a new run counts against its creator's quota (with a tokens file)."""
+        if name := credentials.name_of(context):
+            await self.store.runs.claim(run, name, self.limits.max_runs_per_credential)
+
     async def close(self) -> None:
         await self.store.close()
         if self.bucket is not None and self.owns_bucket:
@@ -99,7 +117,8 @@ class LeaseServicer(pbg.LeaseServiceServicer):
 
     @rpc
     async def AcquireLease(self, request: pb.AcquireLeaseRequest, context) -> pb.AcquireLeaseResponse:
-        return await self.leases.acquire(request.run_id, request.worker_id, _worker_info(request))
+        return await self.leases.acquire(request.run_id, request.worker_id, _worker_info(request),
+                                         **self.proxy.worker_quota(context))
 
     @rpc
     async def Heartbeat(self, request: pb.HeartbeatRequest, context) -> pb.HeartbeatResponse:
@@ -124,7 +143,8 @@ class LeaseServicer(pbg.LeaseServiceServicer):
         # most of the proxy's CPU per lease cycle), and one Redis call: the completion and the grant
         # are one script
         c, lease = await self.leases.complete_and_acquire(request.run_id, request.lease_id, request.worker_id,
-                                                          manifest, _worker_info(nxt))
+                                                          manifest, _worker_info(nxt),
+                                                          **self.proxy.worker_quota(context))
         return pb.CompleteLeaseResponse(duplicate=c.duplicate, next=lease)
 
     @rpc
@@ -202,17 +222,24 @@ class RunServicer(pbg.RunServiceServicer):
     async def CreateRun(self, request: pb.CreateRunRequest, context) -> pb.CreateRunResponse:
         if not request.HasField("spec"):
             raise InvalidArgument("spec is required")
+        await self.proxy.claim_run(context, request.spec.run_id)  # runs per credential (tokens file)
         limit = self.proxy.limits.max_prompts
         if len(request.prompts) > limit:
             raise InvalidArgument(f"{len(request.prompts)} prompts; a run takes at most {limit}")
         # a million prompts take seconds to check and encode: off the event loop, which serves everyone
-        spec, prompts, encoded = await asyncio.to_thread(_prepare_run, request)
+        # (the request itself was counted and parsed in pieces: bulk.py)
+        spec, encoded = await asyncio.to_thread(_prepare_run, request)
         run = spec.run_id
+        # no code from the wire: the reward functions this host would not import, nor would the
+        # workers by default (paths name files on the workers' hosts: each worker checks those)
+        if refused := check_spec(spec, CodePolicy.from_env(bucket=self.proxy.bucket_url), sources=False):
+            raise InvalidArgument(f"run {run}: refused by the proxy's code policy: {'; '.join(refused)}")
         if not await self.store.runs.exists(run):
             spec_bytes = spec.SerializeToString(deterministic=True)
-            await self.proxy.store_run(run, spec_bytes, await asyncio.to_thread(prompt_bundle, run, encoded))
-        created = await self.store.runs.create(spec, prompts, exist_ok=request.exist_ok, encoded=encoded)
-        log.info("run created" if created else "run exists", run=run, prompts=len(prompts))
+            if self.proxy.bucket is not None:
+                await self.proxy.store_run(run, spec_bytes, await asyncio.to_thread(prompt_bundle, run, encoded))
+        created = await self.store.runs.create(spec, request.prompts, exist_ok=request.exist_ok, encoded=encoded)
+        log.info("run created" if created else "run exists", run=run, prompts=len(encoded))
         return pb.CreateRunResponse(run_id=run, created=created)
 
     @rpc
@@ -258,13 +285,22 @@ class RunServicer(pbg.RunServiceServicer):
         return pb.ListDeadLettersResponse(dead_letters=await self.store.views.dead_letters(request.run_id))
 
 
-def _prepare_run(request: pb.CreateRunRequest) -> tuple[pb.RunSpec, list[pb.Prompt], list[bytes]]:
+def _prepare_run(request: pb.CreateRunRequest) -> tuple[pb.RunSpec, tuple[bytes, ...]]:
     """The spec with its defaults filled in, checked, and each prompt's bytes."""
-    # unset fields: the declared defaults; a comprehension, since list() of a million prompts is one
-    # C call that holds the GIL (and so the event loop) for seconds
-    spec, prompts = fill_defaults(request.spec), [p for p in request.prompts]  # noqa: C416
-    check_run_spec(spec, prompts)
-    return spec, prompts, [p.SerializeToString(deterministic=True) for p in prompts]
+    spec = fill_defaults(request.spec)  # unset fields: the declared defaults
+    check_run_spec(spec, request.prompts)
+    # a slice at a time (list() of a million prompts is one C call that holds the GIL, and so the
+    # event loop, for a second), and no list of a million prompt objects: each slice is freed once
+    # encoded, so they never pile up for the garbage collector to walk (a full collection holds the GIL too)
+    # tuples of bytes: the garbage collector stops tracking them, where it would walk a list of a
+    # million on every full collection (tens of ms of the event loop's time, with a few such lists)
+    chunks = []
+    with BULK_WORK:
+        for start in range(0, len(request.prompts), BREATHE_EVERY):
+            chunks.append(tuple([p.SerializeToString(deterministic=True)
+                                 for p in request.prompts[start:start + BREATHE_EVERY]]))
+            breathe()  # the event loop's turn (runs.breathe)
+        return spec, tuple(itertools.chain.from_iterable(chunks))
 
 
 # ---------------------------------------------------------------- server lifecycle
@@ -328,6 +364,7 @@ async def start_server(
     bucket_url: str = "",
     bucket: Any = None,
     token: str = "",
+    tokens_file: str = "",
     tls_cert: str = "",
     tls_key: str = "",
     monitor_redis: bool = True,
@@ -338,7 +375,12 @@ async def start_server(
 ) -> ProxyServer:
     """Build and start a proxy on `listen` (port 0 = any free port). Returns once it accepts calls.
     `min_ping_interval_ms`: clients pinging more often than this get GOAWAY (tests shorten it).
-    `reuse_port`: share the port with the other processes of `brigade proxy --processes N`."""
+    `reuse_port`: share the port with the other processes of `brigade proxy --processes N`.
+    `token`: one-token mode (that token has every role); `tokens_file`: a credential per token, each
+    with its roles and quotas (credentials.py); CredentialsError for a file that cannot be used."""
+    if token and tokens_file:
+        raise ValueError("give a token (--token, one-token mode) or a tokens file (--tokens-file), not both")
+    tokens = credentials.TokenTable(tokens_file) if tokens_file else None
     limits = limits or Limits()
     # one blocking connection per WatchRun stream it allows, one reserved per PullRollouts
     store = Store(redis_url, pipelined=pipelined, blocking_connections=limits.max_streams,
@@ -346,8 +388,12 @@ async def start_server(
     owns_bucket = bucket is None
     if bucket is None and bucket_url:
         bucket = await open_bucket_or_none(bucket_url)
-    proxy = Proxy(store, bucket, bucket_url, owns_bucket=owns_bucket, limits=limits)
-    interceptors = [RpcMetrics(), *([BearerAuthInterceptor(token)] if token else [])]
+    proxy = Proxy(store, bucket, bucket_url, owns_bucket=owns_bucket, limits=limits, tokens=tokens)
+    if tokens is not None:
+        auth: list[grpc.aio.ServerInterceptor] = [credentials.RoleAuthInterceptor(tokens)]
+    else:
+        auth = [BearerAuthInterceptor(token)] if token else []
+    interceptors = [RpcMetrics(), *auth]
     server = grpc.aio.server(interceptors=interceptors, maximum_concurrent_rpcs=limits.max_rpcs,
                              options=server_options(limits.max_message_bytes, min_ping_interval_ms, reuse_port))
     add_servicer(server, "LeaseService", LeaseServicer(proxy), limits)
@@ -388,17 +434,21 @@ async def serve(
     *,
     bucket_url: str = "",
     token: str = "",
+    tokens_file: str = "",
     tls_cert: str = "",
     tls_key: str = "",
     grace: float = 5.0,
     pipelined: bool = True,
     limits: Limits | None = None,
     metrics_port: int = 0,
+    metrics_host: str = "",
+    metrics_token: str = "",
     reuse_port: bool = False,
 ) -> None:
     """Run a proxy until SIGTERM or SIGINT, then drain in-flight calls for up to `grace` seconds."""
     started = time.monotonic()
-    running = await start_server(redis_url, listen, bucket_url=bucket_url, token=token, tls_cert=tls_cert,
+    running = await start_server(redis_url, listen, bucket_url=bucket_url, token=token, tokens_file=tokens_file,
+                                 tls_cert=tls_cert,
                                  tls_key=tls_key, pipelined=pipelined, limits=limits, reuse_port=reuse_port)
     try:
         await running.proxy.store.ping()
@@ -411,18 +461,23 @@ async def serve(
         if redis_ok:  # runs this version cannot read (LegacyKeys): refuse to serve rather than answer "no run"
             await running.proxy.store.runs.check_layout()
         # before "listening": a process that says it listens serves all it was asked to
-        metrics = start_metrics(metrics_port, running.proxy.store)  # SystemExit: its port is taken
+        # on the --listen host unless told otherwise: not every interface for a proxy listening on loopback
+        metrics = start_metrics(metrics_port, running.proxy.store, metrics_host or listen_host(listen),
+                                metrics_token)  # SystemExit: its port is taken
     except (LegacyKeys, SystemExit):
         await running.stop(0)
         raise
     log.info("proxy listening", listen=listen, port=running.port, redis=redis_url, redis_ok=redis_ok,
-             bucket=bucket_url or None, auth=bool(token), tls=bool(tls_cert), metrics_port=metrics_port or None,
+             bucket=bucket_url or None,
+             auth="tokens file" if tokens_file else "one token" if token else None, tls=bool(tls_cert), metrics_port=metrics_port or None,
              pid=os.getpid(), startup_ms=round((time.monotonic() - started) * 1000))
     settle_heap()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if running.proxy.tokens is not None:  # rotation: re-read the tokens file now (it is also checked each second)
+        loop.add_signal_handler(signal.SIGHUP, running.proxy.tokens.reload)
     await stop.wait()
     log.info("proxy stopping", grace_s=grace)
     await running.stop(grace)

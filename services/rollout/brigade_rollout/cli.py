@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from brigade.settings import command
+from brigade.settings import NO_RUN, command
 from brigade_rollout.config import WorkerConfig
 
 
@@ -25,12 +25,15 @@ def rollout(cfg: WorkerConfig) -> None:
     from brigade.service import crash_journal
     from brigade.settings import fleet_id
 
+    if not cfg.run:
+        typer.echo(f"brigade rollout: {NO_RUN}", err=True)
+        raise typer.Exit(2)
     configure_logging("rollout", cfg.log_level)
     # one journal per worker an operator named (systemd's %H-%i); hostname-pid, the default, is new each start
     journal = crash_journal("rollout", cfg.run, cfg.state_dir, "" if cfg.worker_id == fleet_id() else cfg.worker_id)
     from brigade.prom import serve_metrics
 
-    serve_metrics(cfg.metrics_port)
+    serve_metrics(cfg.metrics_port, cfg.metrics_host, cfg.metrics_token)
     from brigade_rollout.worker import Worker
 
     async def main() -> int:

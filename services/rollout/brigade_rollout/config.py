@@ -12,12 +12,15 @@ from brigade.settings import (
     DEVICE,
     EXIT_WHEN_FINISHED,
     LOG_LEVEL,
+    METRICS_HOST,
     METRICS_PORT,
+    METRICS_TOKEN,
     PRICE_PER_HOUR,
     PROXY,
     REWARD_REDIS,
     REWARD_WORKERS,
     RUN,
+    RUN_REQUIRED,
     STATE_DIR,
     TLS_CA,
     TOKEN,
@@ -32,7 +35,7 @@ class WorkerConfig:
     token: str = TOKEN.field()
     tls_ca: str = TLS_CA.field()
     bucket: str = BUCKET.field()
-    run: str = RUN.field()
+    run: str = RUN.field(**RUN_REQUIRED)
     worker_id: str = setting("", "This worker's id. [default: hostname-pid]", env="BRIGADE_WORKER_ID",
                              show_default=False, parse=fleet_id)
     capacity_class: str = CAPACITY_CLASS.field()
@@ -46,4 +49,6 @@ class WorkerConfig:
     reward_workers: bool = REWARD_WORKERS.field()  # start a local rq worker for them
     state_dir: str = STATE_DIR.field()
     metrics_port: int = METRICS_PORT.field()
+    metrics_host: str = METRICS_HOST.field()
+    metrics_token: str = METRICS_TOKEN.field()
     log_level: str = LOG_LEVEL.field()

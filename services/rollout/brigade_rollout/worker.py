@@ -41,7 +41,7 @@ import time
 import grpc
 import structlog
 
-from brigade import keys
+from brigade import code_policy, keys
 from brigade.adapters import InvalidAdapter
 from brigade.bucket import (
     Bucket,
@@ -165,6 +165,10 @@ class Worker:
         if spec.topology == "local_sgd":
             raise FatalError(f"run {cfg.run} has topology local_sgd: its batches are generated and trained by "
                              "`brigade trainer` processes, not rollout workers")
+        policy = code_policy.CodePolicy.from_env(bucket=cfg.bucket)
+        code_policy.install(policy)
+        if refused := code_policy.refusal(spec, policy):  # before anything of the spec is imported or read
+            await self._refuse_run(f"refused by this host's code policy: {refused}")
         self.bucket = open_bucket(cfg.bucket)
         try:
             await with_retries("probing the bucket's create-only writes",
@@ -191,6 +195,19 @@ class Worker:
             except (RuntimeError, ValueError, OSError, ImportError) as e:  # no vllm/GPU, bad model path, ...
                 raise FatalError(f"cannot start the {cfg.engine} engine for model {spec.model!r}: {e}") from e
             self.log.info("engine ready", engine=cfg.engine, model=spec.model, seconds=round(time.monotonic() - t0, 2))
+
+    async def _refuse_run(self, why: str) -> None:
+        """The run's spec names code or files this host does not allow: hand one lease back with the
+        reason (PREEMPTED: the batch's attempts are not spent, and the run's events say why this
+        worker will not work on it), then exit 2 (FatalError, the one line logged)."""
+        req = self._acquire_request()
+        with contextlib.suppress(grpc.aio.AioRpcError, TimeoutError):
+            resp = await self.client.lease.AcquireLease(req, timeout=RPC_TIMEOUT_S)
+            if resp.granted:
+                await self.client.lease.FailLease(pb.FailLeaseRequest(
+                    run_id=resp.lease.run_id, lease_id=resp.lease.lease_id, worker_id=self.cfg.worker_id,
+                    reason=pb.FailLeaseRequest.PREEMPTED, message=why[:1000]), timeout=3)
+        raise FatalError(f"run {self.cfg.run}: {why}")
 
     async def _close(self) -> None:
         for closer in (self.cache and self.cache.close, self.rewards and self.rewards.close,

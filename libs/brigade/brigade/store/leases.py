@@ -8,7 +8,7 @@ import random
 from dataclasses import dataclass
 
 from brigade import keys
-from brigade.spec import MAX_WORKERS_PER_RUN
+from brigade.spec import MAX_WORKER_IDS_PER_RUN, MAX_WORKERS_PER_RUN
 from brigade.store.runs import RunInfo, Runs, require_topology
 from brigade.store.scripts import Scripts, text, unwrap
 from brigade.v1 import brigade_pb2 as pb
@@ -64,9 +64,12 @@ class Leases:
         self.runs = runs
         self.scripts = scripts
 
-    async def acquire(self, run: str, worker: str, info: pb.WorkerInfo | None = None) -> pb.AcquireLeaseResponse:
-        """A lease on the next batch, ready to send: its prompts, seed, adapter version and deadline."""
-        ri, values = await self._acquire_args(run, worker, info)
+    async def acquire(self, run: str, worker: str, info: pb.WorkerInfo | None = None, credential: str = "",
+                      max_credential_workers: int = MAX_WORKERS_PER_RUN) -> pb.AcquireLeaseResponse:
+        """A lease on the next batch, ready to send: its prompts, seed, adapter version and deadline.
+        `credential` (the proxy's caller, "" = the only one): a new worker id counts against that
+        credential's `max_credential_workers` in this run (acquire.lua)."""
+        ri, values = await self._acquire_args(run, worker, info, credential, max_credential_workers)
         return await self._lease(ri, await self.scripts.acquire(ri.keys, **values))
 
     async def heartbeat(self, run: str, lease_id: str, worker: str) -> Beat:
@@ -83,18 +86,20 @@ class Leases:
 
     async def complete_and_acquire(
             self, run: str, lease_id: str, worker: str, manifest: pb.RolloutManifest | None,
-            info: pb.WorkerInfo | None = None) -> tuple[Completion, pb.AcquireLeaseResponse]:
+            info: pb.WorkerInfo | None = None, credential: str = "",
+            max_credential_workers: int = MAX_WORKERS_PER_RUN) -> tuple[Completion, pb.AcquireLeaseResponse]:
         """`complete`, then `acquire` for the same worker, in one script: a worker's whole lease cycle
         is one Redis call. Both are checked before anything is written; a refused completion grants
         nothing. A refused grant (StoreError) is raised after the completion has landed, as it was
         when they were two calls: the worker's retry of the completion is a duplicate."""
         ri, done = await self._complete_args(run, lease_id, worker, manifest)
-        _, grant = await self._acquire_args(run, worker, info)
+        _, grant = await self._acquire_args(run, worker, info, credential, max_credential_workers)
         completed, acquired = await self.scripts.complete_acquire(ri.keys, **(done | grant))  # `worker` in both
         completion = _completion(unwrap("complete", completed))
         return completion, await self._lease(ri, unwrap("acquire", acquired))
 
-    async def _acquire_args(self, run: str, worker: str, info: pb.WorkerInfo | None) -> tuple[RunInfo, dict]:
+    async def _acquire_args(self, run: str, worker: str, info: pb.WorkerInfo | None, credential: str = "",
+                            max_credential_workers: int = MAX_WORKERS_PER_RUN) -> tuple[RunInfo, dict]:
         check_id("run_id", run)
         check_id("worker_id", worker)
         info = info or pb.WorkerInfo()
@@ -106,7 +111,10 @@ class Leases:
             worker=worker, lease_prefix=ri.lease_prefix, lease_ms=ri.lease_ms,
             batches_per_epoch=ri.batches_per_epoch, total_batches=ri.total_batches, capacity=ri.capacity,
             batches_per_step=max(1, spec.batches_per_step), sync=int(spec.sync), max_steps=spec.max_steps, run=run,
-            worker_info=info.SerializeToString(), lease_ttl_ms=ri.lease_ttl_ms, max_workers=MAX_WORKERS_PER_RUN)
+            worker_info=info.SerializeToString(), lease_ttl_ms=ri.lease_ttl_ms,
+            # one credential: the run's cap as always; several: each its own, under a run-wide backstop
+            max_workers=MAX_WORKER_IDS_PER_RUN if credential else MAX_WORKERS_PER_RUN,
+            credential=credential, max_credential_workers=max_credential_workers)
 
     async def _lease(self, ri: RunInfo, reply: list) -> pb.AcquireLeaseResponse:
         """The answer to a worker from acquire.lua's reply."""

@@ -13,6 +13,7 @@ import difflib
 import hashlib
 import math
 import random
+import threading
 import time
 import uuid
 from collections import OrderedDict
@@ -30,17 +31,36 @@ from brigade.wire import MAX_RUNS, check_id, check_run_spec, short
 
 log = structlog.get_logger()
 PROMPT_CHUNK = 10_000  # prompts per LRANGE: a big prompt set never blocks Redis in one command
-STAGE_CHUNK = 20_000   # prompts per pipeline when a run is created
+# prompts per pipeline when a run is created: packing one is work on the event loop (~3 ms for 5,000
+# short prompts), and Redis runs a pipeline's pushes back to back, everyone else's calls after them
+STAGE_CHUNK = 5_000
+BREATHE_EVERY = 2_000  # prompts of bulk work in a thread (a few ms) between two breaths
+BREATHE_S = 0.0002
+
+
+# held by each piece of bulk work in a thread (parsing, encoding a CreateRun's prompts): with the GIL two
+# such threads cannot run at once anyway, and one at a time leaves the event loop one rival, not two
+BULK_WORK = threading.Lock()
+
+
+def breathe() -> None:
+    """Let the event loop have the GIL. Work in a thread holds the GIL until asked for it, then up to
+    5 ms more (sys.getswitchinterval), and with two such threads the loop can lose it again and again:
+    honest calls waited 30-90 ms at a time while two big CreateRuns were encoded. A short sleep hands
+    it over every BREATHE_EVERY items of bulk work (costs ~10 % of that work's time)."""
+    time.sleep(BREATHE_S)
 
 
 class RunInfo:
     """The immutable part of a run (spec and prompt count; the prompts once loaded), cached per process."""
 
-    def __init__(self, spec: pb.RunSpec, spec_bytes: bytes, prompt_bytes: list[bytes] | None = None, *,
+    def __init__(self, spec: pb.RunSpec, spec_bytes: bytes, prompt_bytes: Sequence[bytes] | None = None, *,
                  num_prompts: int | None = None):
         self.spec = spec
         self.spec_bytes = spec_bytes
-        self.prompt_bytes = prompt_bytes  # each prompt serialized; None until Runs.load_prompts
+        # each prompt serialized, a tuple (of bytes only, so the garbage collector stops tracking it: a
+        # list of a million is walked by every full collection, ~10 ms each); None until Runs.load_prompts
+        self.prompt_bytes = None if prompt_bytes is None else tuple(prompt_bytes)
         self.num_prompts = (len(prompt_bytes) if num_prompts is None and prompt_bytes is not None
                             else num_prompts or 0)
         self._loading: asyncio.Future | None = None
@@ -159,7 +179,7 @@ class Runs:
                                                    num_prompts=int(num_prompts)))
         return info
 
-    async def load_prompts(self, info: RunInfo) -> list[bytes]:
+    async def load_prompts(self, info: RunInfo) -> Sequence[bytes]:
         """The run's prompts (each one's bytes), read from Redis once per process however many callers
         ask at once."""
         if info.prompt_bytes is not None:
@@ -169,14 +189,22 @@ class Runs:
         info.prompt_bytes = await asyncio.shield(info._loading)
         return info.prompt_bytes
 
-    async def _read_prompts(self, info: RunInfo) -> list[bytes]:
+    async def _read_prompts(self, info: RunInfo) -> tuple[bytes, ...]:
         raw: list[bytes] = []
         for start in range(0, info.num_prompts, PROMPT_CHUNK):
             raw += await self.redis.lrange(info.keys.prompts, start, start + PROMPT_CHUNK - 1)
-        return raw
+        return tuple(raw)  # untracked by the garbage collector (RunInfo.prompt_bytes)
 
     async def exists(self, run: str) -> bool:
         return run in self._cache or bool(await self.redis.exists(keys.RunKeys(run).spec))
+
+    async def claim(self, run: str, credential: str, max_runs: int) -> None:
+        """Count a new run against `credential`'s quota of `max_runs` (claim_run.lua): the proxy's
+        runs per credential. An existing run, or a run id that is not valid (CreateRun refuses it), is
+        not counted; beyond the quota: ResourceExhausted."""
+        if not RUN_ID_RE.fullmatch(run) or await self.exists(run):
+            return
+        await self.scripts.claim_run(owners=keys.RUN_OWNERS, run=run, credential=credential, max_runs=max_runs)
 
     async def create(self, spec: pb.RunSpec, prompts: Sequence[pb.Prompt], exist_ok: bool = False,
                      encoded: Sequence[bytes] | None = None) -> bool:
@@ -206,7 +234,7 @@ class Runs:
             outcome, *rest = await self.scripts.create_run(k, staged=staged, spec_bytes=spec_bytes,
                                                            now=int(time.time() * 1000))
             if text(outcome) == "created":
-                self._cache[run] = RunInfo(spec, spec_bytes, list(encoded))
+                self._cache[run] = RunInfo(spec, spec_bytes, encoded)  # kept as a tuple (no copy if one)
                 return True
             existing = rest[0]
         if existing == spec_bytes:
@@ -234,4 +262,11 @@ def prompt_bundle(run: str, encoded: Sequence[bytes], **fields: object) -> bytes
     unset), from each prompt's bytes, piece by piece: one protobuf call over a million prompts (building,
     serializing or list() of the repeated field) holds the GIL, and so the event loop, for seconds."""
     head = pb.PromptBatch(run_id=run, **fields).SerializeToString(deterministic=True)
-    return head + b"".join(_PROMPTS_TAG + _varint(len(b)) + b for b in encoded)
+    if len(encoded) <= BREATHE_EVERY:  # a batch, on the event loop
+        return head + b"".join(_PROMPTS_TAG + _varint(len(b)) + b for b in encoded)
+    parts = [head]  # a whole prompt set, in a thread: breathing
+    with BULK_WORK:
+        for start in range(0, len(encoded), BREATHE_EVERY):
+            parts.append(b"".join(_PROMPTS_TAG + _varint(len(b)) + b for b in encoded[start:start + BREATHE_EVERY]))
+            breathe()
+    return b"".join(parts)

@@ -3,17 +3,29 @@
 -- KEYS: work rollouts cursor adapter_latest learner_step workers stats events lease_deadlines lease_versions
 -- KEYS: completed
 -- ARGV: worker lease_prefix lease_ms batches_per_epoch total_batches capacity batches_per_step sync
--- ARGV: max_steps run worker_info lease_ttl_ms max_workers
+-- ARGV: max_steps run worker_info lease_ttl_ms max_workers credential max_credential_workers
 -- Reply: {'ok', 'granted', lease id, batch, attempt, version, deadline_ms}
 --      | {'ok', 'finished' | 'admission' | 'sync_barrier', how far over (outstanding or the version waited for)}
---      | {'err', 'exhausted', message} (a new worker id beyond max_workers)
+--      | {'err', 'exhausted', message} (a new worker id beyond max_workers, or beyond
+--        max_credential_workers of its credential)
 -- total_batches 0 = unbounded; sync '1' = wait for the adapter of the previous step.
 -- stats.workers counts the worker ids with state here; prune_workers.lua forgets idle ones.
+-- credential '' = the proxy has one credential (one-token mode, no auth): only max_workers bounds
+-- the run. Otherwise each credential's new worker ids count in stats 'workers@<credential>' (and the
+-- id's `cred:` field names its credential, for the pruning), so one credential's flood of made-up
+-- ids exhausts its own quota, never another's; max_workers is then the run-wide backstop.
 local worker = A.worker
+local cred = A.credential
 local new_worker = redis.call('HEXISTS', K.workers, 'info:' .. worker) == 0
-if new_worker and tonumber(redis.call('HGET', K.stats, 'workers') or '0') >= tonumber(A.max_workers) then
-  return refuse('exhausted', 'this run has ' .. A.max_workers .. ' worker ids, the most it keeps; ' ..
-                'idle ones are forgotten after an hour')
+if new_worker then
+  if cred ~= '' and tonumber(redis.call('HGET', K.stats, 'workers@' .. cred) or '0') >= tonumber(A.max_credential_workers) then
+    return refuse('exhausted', 'credential ' .. cred .. ' has ' .. A.max_credential_workers .. ' worker ids in this run, ' ..
+                  'the most one credential keeps; idle ones are forgotten after an hour')
+  end
+  if tonumber(redis.call('HGET', K.stats, 'workers') or '0') >= tonumber(A.max_workers) then
+    return refuse('exhausted', 'this run has ' .. A.max_workers .. ' worker ids, the most it keeps; ' ..
+                  'idle ones are forgotten after an hour')
+  end
 end
 local max_steps = tonumber(A.max_steps)
 if max_steps > 0 and tonumber(redis.call('GET', K.learner_step) or '0') >= max_steps then
@@ -68,6 +80,10 @@ redis.call('HINCRBY', K.workers, 'granted:' .. worker, 1)
 redis.call('HSET', K.workers, 'seen:' .. worker, fmt(now))
 if redis.call('HSET', K.workers, 'info:' .. worker, A.worker_info) == 1 then
   redis.call('HINCRBY', K.stats, 'workers', 1)
+  if cred ~= '' then
+    redis.call('HSET', K.workers, 'cred:' .. worker, cred)
+    redis.call('HINCRBY', K.stats, 'workers@' .. cred, 1)
+  end
   event(K.events, 'WorkerSeen', 'worker', worker)
 end
 event(K.events, 'LeaseGranted', 'lease', id, 'batch', batch, 'attempt', fmt(attempt), 'worker', worker,

@@ -3,7 +3,8 @@
 -- a slice at a time, so one call never holds Redis long) if they still hold nothing: checking
 -- `pending` and deleting in one script matters, DELCONSUMER discards a consumer's pending entries,
 -- which must never be a lease granted in between. With forget_workers '1' the worker's stats go
--- too, and stats.workers (the per-run cap's count) goes down.
+-- too, and stats.workers (the per-run cap's count) goes down, and its credential's count
+-- (stats 'workers@<credential>', acquire.lua).
 -- KEYS: stream workers stats
 -- ARGV: group forget_workers names...
 -- FLAGS: allow-oom
@@ -14,7 +15,11 @@ for _, name in ipairs(A.names) do
     redis.call('XGROUP', 'DELCONSUMER', K.stream, A.group, name)
     removed = removed + 1
     if A.forget_workers == '1' then
-      redis.call('HDEL', K.workers, 'seen:' .. name, 'granted:' .. name, 'completed:' .. name)
+      local cred = redis.call('HGET', K.workers, 'cred:' .. name)
+      redis.call('HDEL', K.workers, 'seen:' .. name, 'granted:' .. name, 'completed:' .. name, 'cred:' .. name)
+      if cred and redis.call('HINCRBY', K.stats, 'workers@' .. cred, -1) <= 0 then
+        redis.call('HDEL', K.stats, 'workers@' .. cred)
+      end
       if redis.call('HDEL', K.workers, 'info:' .. name) == 1 and redis.call('HINCRBY', K.stats, 'workers', -1) < 0 then
         redis.call('HSET', K.stats, 'workers', 0)
       end
