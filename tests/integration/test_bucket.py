@@ -388,3 +388,14 @@ async def test_context_manager_closes(s3_bucket_url: str) -> None:
         await b.put("k", b"v")
         assert isinstance(b, S3Bucket) and b._client is not None
     assert b._client is None
+
+
+async def test_the_default_file_url_is_relative_to_the_working_directory(tmp_path, monkeypatch) -> None:
+    """`file://./brigade-runs/bucket`, every service's default --bucket, is a folder under the working
+    directory (it was refused as a URL with a host, so `brigade proxy` without --bucket stopped)."""
+    monkeypatch.chdir(tmp_path)
+    async with open_bucket("file://./brigade-runs/bucket") as b:
+        await b.put_new("k", b"v")
+    assert (tmp_path / "brigade-runs" / "bucket" / "k").read_bytes() == b"v"
+    with pytest.raises(ValueError, match="local absolute path"):
+        open_bucket("file://elsewhere/x")

@@ -34,7 +34,8 @@ _S3_ONLY_OPTIONS = frozenset(
 
 
 def open_bucket(url: str | os.PathLike[str], **options: Any) -> Bucket:
-    """A Bucket for "s3://name/prefix", "file:///abs/path" or a plain filesystem path.
+    """A Bucket for "s3://name/prefix", "file:///abs/path", "file://./relative/path" or a plain
+    filesystem path.
 
     No IO happens here: the S3 client is created on first use (in the caller's event loop),
     and neither the bucket nor the folder is created until `ensure()` or the first write.
@@ -53,6 +54,8 @@ def open_bucket(url: str | os.PathLike[str], **options: Any) -> Bucket:
     options = {k: v for k, v in options.items() if k not in _S3_ONLY_OPTIONS}
     if text.startswith("file:"):
         parts = urlsplit(text)
+        if parts.netloc == ".":  # file://./folder: relative to the working directory (the default --bucket)
+            return LocalBucket(os.path.abspath("." + unquote(parts.path)), **options)
         if parts.netloc not in ("", "localhost"):
             raise ValueError(f"file URL must name a local absolute path: {text!r}")
         path = unquote(parts.path)
