@@ -1,9 +1,9 @@
-"""gRPC plumbing shared by the proxy and its clients: channel options, bearer-token auth on both
-sides, TLS, and one-line descriptions of RPC errors for people."""
+"""gRPC plumbing shared by the proxy and its clients: channel options, the clients' bearer token
+and the refusals the proxy's auth answers with (its check: brigade_proxy.credentials), TLS, and
+one-line descriptions of RPC errors for people."""
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -215,36 +215,6 @@ def refusal(code: grpc.StatusCode, message: str, *, transient: bool = False,
     if streaming:
         return grpc.stream_stream_rpc_method_handler(refuse_stream)
     return grpc.stream_unary_rpc_method_handler(refuse)
-
-
-def token_matches(handler_call_details: grpc.HandlerCallDetails, expected: str) -> bool:
-    metadata = dict(handler_call_details.invocation_metadata or ())
-    given = metadata.get("authorization", "")
-    # constant-time comparison: response timing must not leak how much of a guess was right
-    return isinstance(given, str) and hmac.compare_digest(given.encode(), f"Bearer {expected}".encode())
-
-
-class BearerAuthInterceptor(grpc.aio.ServerInterceptor):
-    """Rejects calls without `authorization: Bearer <token>`, except health and reflection, before
-    their request is read (an unauthenticated body is never buffered)."""
-
-    def __init__(self, token: str):
-        self._token = token
-        self._deny = refusal(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
-        self._deny_stream = refusal(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token", streaming=True)
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        method = handler_call_details.method
-        if method.startswith(OPEN_METHOD_PREFIXES) or token_matches(handler_call_details, self._token):
-            return await continuation(handler_call_details)
-        handler = await continuation(handler_call_details)
-        if handler is not None and handler.response_streaming:
-            return self._deny_stream
-        return self._deny
 
 
 def server_credentials(cert: str, key: str) -> grpc.ServerCredentials:

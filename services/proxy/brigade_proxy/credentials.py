@@ -110,15 +110,19 @@ def parse_tokens(text: str, source: str = "tokens file") -> list[tuple[str, Cred
 
 
 class TokenTable:
-    """Credentials by token, from a tokens file, reloaded when it changes or on `reload()`."""
+    """Credentials by token, from a tokens file, reloaded when it changes or on `reload()`; or, with
+    `token` instead (one-token mode), that one token with every role and no name (no quotas)."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str = "", token: str = ""):
         self.path = path
         self._lock = threading.Lock()
         self._entries: list[tuple[bytes, Credential]] = []
         self._mtime: int | None = None
         self._checked = 0.0
-        self._load()  # CredentialsError at start: the proxy refuses to serve
+        if path:
+            self._load()  # CredentialsError at start: the proxy refuses to serve
+        else:
+            self._entries = [(f"Bearer {token}".encode(), Credential("", frozenset(ROLES)))]
 
     def _load(self) -> None:
         try:
@@ -144,7 +148,7 @@ class TokenTable:
 
     def _maybe_reload(self) -> None:
         now = time.monotonic()
-        if now - self._checked < RELOAD_CHECK_S:
+        if not self.path or now - self._checked < RELOAD_CHECK_S:
             return
         self._checked = now
         try:
@@ -171,7 +175,7 @@ _CALLER: contextvars.ContextVar[Credential | None] = contextvars.ContextVar("bri
 
 
 def caller(context: grpc.aio.ServicerContext | None = None) -> Credential | None:
-    """The credential of the call being served; None without a tokens file (one-token mode, no auth)."""
+    """The credential of the call being served (one-token mode: the one, unnamed; no auth: None)."""
     return _CALLER.get()
 
 
@@ -183,7 +187,7 @@ def name_of(context: grpc.aio.ServicerContext | None = None) -> str:
 
 
 class RoleAuthInterceptor(grpc.aio.ServerInterceptor):
-    """With a tokens file: UNAUTHENTICATED for a missing or unknown token, PERMISSION_DENIED for a
+    """UNAUTHENTICATED for a missing or unknown token, PERMISSION_DENIED for a
     method outside the credential's roles, both before the request is read; health and reflection
     stay open."""
 

@@ -32,7 +32,7 @@ from brigade import keys
 from brigade.code_policy import CodePolicy, check_spec
 from brigade.errors import LegacyKeys
 from brigade.prom import listen_host
-from brigade.rpc import KEEPALIVE_MS, BearerAuthInterceptor, server_credentials, server_options
+from brigade.rpc import KEEPALIVE_MS, server_credentials, server_options
 from brigade.spec import fill_defaults
 from brigade.store import AlreadyExists, InvalidArgument, NotFound, Store
 from brigade.store.runs import BREATHE_EVERY, BULK_WORK, breathe, prompt_bundle
@@ -389,11 +389,9 @@ async def start_server(
     if bucket is None and bucket_url:
         bucket = await open_bucket_or_none(bucket_url)
     proxy = Proxy(store, bucket, bucket_url, owns_bucket=owns_bucket, limits=limits, tokens=tokens)
-    if tokens is not None:
-        auth: list[grpc.aio.ServerInterceptor] = [credentials.RoleAuthInterceptor(tokens)]
-    else:
-        auth = [BearerAuthInterceptor(token)] if token else []
-    interceptors = [RpcMetrics(), *auth]
+    # one-token mode is a table of one credential with every role and no name (no quotas)
+    table = tokens if tokens is not None else credentials.TokenTable(token=token) if token else None
+    interceptors = [RpcMetrics(), *([credentials.RoleAuthInterceptor(table)] if table is not None else [])]
     server = grpc.aio.server(interceptors=interceptors, maximum_concurrent_rpcs=limits.max_rpcs,
                              options=server_options(limits.max_message_bytes, min_ping_interval_ms, reuse_port))
     add_servicer(server, "LeaseService", LeaseServicer(proxy), limits)
