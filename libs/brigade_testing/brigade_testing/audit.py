@@ -201,7 +201,7 @@ async def lineage_of(system: Any) -> dict[str, Any]:
     os.environ.update(MOTO_ENV)
     bucket = S3Bucket(system.bucket, endpoint_url=system.moto.url)
     try:
-        steps = await checkpoint.steps(bucket, system.run)
+        steps = await checkpoint.step_attempts(bucket, system.run)
         trainer = await asyncio.to_thread(Trainer.create, system.spec)
         seen: set[str] = set()
         loaded = 0
@@ -211,7 +211,7 @@ async def lineage_of(system: Any) -> dict[str, Any]:
             if step not in steps:
                 problems.append(f"no checkpoint for step {step}")
                 continue
-            found = await checkpoint.read(bucket, system.run, step)
+            found = await checkpoint.read(bucket, system.run, step, steps[step])
             if found is None:
                 problems.append(f"checkpoint {step} is incomplete or damaged")
                 continue

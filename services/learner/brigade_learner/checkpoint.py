@@ -293,9 +293,15 @@ async def steps(bucket: Bucket, run: str) -> list[int]:
     return sorted(await _folders(bucket, run))
 
 
+async def step_attempts(bucket: Bucket, run: str) -> dict[int, list[int]]:
+    """step -> its attempts with any file, ascending (0 unless a damaged checkpoint was retrained):
+    one listing, for a caller that reads many steps."""
+    return {step: sorted(by_attempt) for step, by_attempt in (await _folders(bucket, run)).items()}
+
+
 async def attempts(bucket: Bucket, run: str, step: int) -> list[int]:
-    """The attempts of `step` with any file, ascending (0 unless a damaged checkpoint was retrained)."""
-    return sorted((await _folders(bucket, run)).get(step, {}))
+    """The attempts of `step` with any file, ascending."""
+    return (await step_attempts(bucket, run)).get(step, [])
 
 
 # a prune keeps at least this many: the one before the newest is what a damaged newest one costs
@@ -348,9 +354,11 @@ async def load_files(bucket: Bucket, run: str, step: int, attempt: int = 0,
         return None
 
 
-async def read(bucket: Bucket, run: str, step: int) -> tuple[int, dict[str, bytes]] | None:
-    """The step's checkpoint: its newest complete attempt and that attempt's files, or None."""
-    for attempt in reversed(await attempts(bucket, run, step)):
+async def read(bucket: Bucket, run: str, step: int, listed: list[int] | None = None
+               ) -> tuple[int, dict[str, bytes]] | None:
+    """The step's checkpoint: its newest complete attempt and that attempt's files, or None.
+    `listed`: the step's attempts, when the caller has listed them already (step_attempts)."""
+    for attempt in reversed(listed if listed is not None else await attempts(bucket, run, step)):
         files = await load_files(bucket, run, step, attempt)
         if files is not None:
             return attempt, files
@@ -403,8 +411,9 @@ async def read_ack(bucket: Bucket, run: str, step: int) -> PendingAck | None:
 
 async def latest(bucket: Bucket, run: str) -> tuple[int, dict[str, bytes]] | None:
     """The newest complete checkpoint; incomplete or damaged ones are skipped."""
-    for step in reversed(await steps(bucket, run)):
-        found = await read(bucket, run, step)
+    by_step = await step_attempts(bucket, run)
+    for step in sorted(by_step, reverse=True):
+        found = await read(bucket, run, step, by_step[step])
         if found is not None:
             return step, found[1]
         log.info("checkpoint_skipped", step=step, reason="incomplete or damaged")
