@@ -111,12 +111,9 @@ class LocalSgdSystem(AuditedSystem):
                 and latest == step == ROUNDS and metrics == published):
             problems.append(f"versions: redis {published}, events {announced}, records {lineage['versions']}, "
                             f"latest {latest}, step {step}, metrics {metrics}")
-        changed = []
-        if self.watcher is not None:
-            self.watcher.finish()
-            changed = self.watcher.changed
-            if changed:
-                problems.append(f"write-once objects were overwritten: {changed[:10]}")
+        changed = self.watcher.finish() if self.watcher is not None else []
+        if changed:
+            problems.append(f"write-once objects were overwritten: {changed[:10]}")
         return {
             "rounds": step, "batches_created": cursor, "consumed": len(consumed), "rejected": len(rejected),
             "deadlettered": len(dead), "vanished": len(vanished), "contributions": dict(fates),

@@ -137,12 +137,9 @@ def audit_run(system: Any) -> dict[str, Any]:
     if learner_step != max_steps or not versions_expected <= latest <= versions_expected + versions_extra:
         problems.append(f"learner_step {learner_step} / latest version {latest}, expected {max_steps} / "
                         f"{versions_expected} (+ up to {versions_extra} for retrained steps)")
-    changed = []
-    if system.watcher is not None:
-        system.watcher.finish()
-        changed = system.watcher.changed
-        if changed:
-            problems.append(f"write-once objects were overwritten: {changed[:10]}")
+    changed = system.watcher.finish() if system.watcher is not None else []
+    if changed:
+        problems.append(f"write-once objects were overwritten: {changed[:10]}")
 
     # why the learner rejected what it rejected: its log says, per batch (Redis records only "learner")
     learner_reasons = {e.get("batch"): e.get("reason") for e in system.log_events("learner", new_only=False)

@@ -81,8 +81,9 @@ class BucketWatcher(threading.Thread):
                 pass
             self._halt.wait(self.interval)
 
-    def finish(self) -> None:
-        """Stop polling, then read every recorded object once more: none may have changed."""
+    def finish(self) -> list[str]:
+        """Stop polling, then read every recorded object once more: the ones that changed (none may)."""
         self._halt.set()
         self.join(10)
         self.poll(recheck=True)
+        return self.changed
