@@ -80,11 +80,11 @@ async def test_health_and_reflection(server):
 # ---------------------------------------------------------------- the whole cycle
 
 async def test_full_cycle(client):
-    run = await create(client, n_prompts=6, prompts_per_batch=4, staleness={"lease_seconds": 30})
+    run = await create(client, n_prompts=6, prompts_per_batch=4, seed=11, staleness={"lease_seconds": 30})
     lease = await acquire(client, run)
     assert lease.run_id == run and lease.attempt == 1 and lease.lease_seconds == 30
     assert lease.batch.batch_id == f"{run}:0:0" and len(lease.batch.prompts) == 4
-    assert lease.seed == keys.batch_seed(run, lease.batch.batch_id, 1)
+    assert lease.seed == keys.batch_seed(11, lease.batch.batch_id, 1)  # the spec's seed, not the run id
     assert lease.adapter_version == 0
     second = await acquire(client, run, "w2")
     assert len(second.batch.prompts) == 2  # the epoch's last batch holds the remainder
@@ -150,7 +150,7 @@ async def test_complete_lease_acquires_the_next_in_the_same_call(client):
     done = await client.lease.CompleteLease(req)
     assert not done.duplicate and done.next.granted
     nxt = done.next.lease
-    assert nxt.batch.batch_id == f"{run}:0:1" and nxt.seed == keys.batch_seed(run, nxt.batch.batch_id, 1)
+    assert nxt.batch.batch_id == f"{run}:0:1" and nxt.seed == keys.batch_seed(11, nxt.batch.batch_id, 1)
     assert await leases_held(client, run) == [nxt.batch.batch_id]   # the first is completed, the next is held
     again = await client.lease.CompleteLease(req)                      # a retry after a lost answer
     assert again.duplicate and again.next.granted and again.next.lease.batch.batch_id == f"{run}:0:2"

@@ -13,7 +13,7 @@ import typer
 from typer.testing import CliRunner
 
 from brigade.config import ConfigError
-from brigade.keys import batch_id, batch_seed, parse_batch_id
+from brigade.keys import batch_id, batch_seed, eval_seed, parse_batch_id
 from brigade.settings import REDIS_URL, RUN, TOKEN, command
 from brigade.spec_file import build_spec, read_spec_file, spec_to_dict
 from brigade_cli.cost import advantage, break_even_discount
@@ -106,9 +106,26 @@ def test_batch_ids_and_seeds():
     assert parse_batch_id(bid) == ("run-a", 2, 17)
     with pytest.raises(ValueError, match="malformed"):
         parse_batch_id("run-a:x:1")
-    assert batch_seed("r", bid, 1) == batch_seed("r", bid, 1)
-    assert batch_seed("r", bid, 1) != batch_seed("r", bid, 2)
-    assert 0 <= batch_seed("r", bid, 3) < 2**63
+    assert batch_seed(0, bid, 1) == batch_seed(0, bid, 1)
+    assert batch_seed(0, bid, 1) != batch_seed(0, bid, 2)
+    assert 0 <= batch_seed(0, bid, 3) < 2**63
+
+
+def test_batch_seeds_follow_the_spec_seed_not_the_run_id():
+    """Two runs of one spec (different run ids) draw the same samples; another seed draws others,
+    and so does every other epoch, index and attempt."""
+    a, b = batch_id("run-a", 2, 17), batch_id("run-b", 2, 17)
+    assert batch_seed(5, a, 1) == batch_seed(5, b, 1)
+    seeds = {batch_seed(seed, batch_id("r", epoch, index), attempt)
+             for seed in (0, 1, 2**64 - 1) for epoch in (0, 1) for index in (0, 1, 17) for attempt in (1, 2, 3)}
+    assert len(seeds) == 3 * 2 * 3 * 3 and all(0 <= s < 2**63 for s in seeds)
+    # the fields are separated before hashing: epoch 1 index 11 is not epoch 11 index 1
+    assert batch_seed(1, batch_id("r", 1, 11), 1) != batch_seed(1, batch_id("r", 11, 1), 1)
+    # the evaluator's seeds come from the same seed, per version, and are never a batch's
+    evals = {eval_seed(seed, v) for seed in (0, 1) for v in range(4)}
+    assert len(evals) == 8 and not evals & seeds and eval_seed(3, 2) == eval_seed(3, 2)
+    with pytest.raises(TypeError, match="not str 'run-a'"):  # the old first argument, the run id
+        batch_seed("run-a", a, 1)
 
 
 def test_cost_matches_the_essay():

@@ -219,7 +219,23 @@ def contribution_id(run: str, trainer: str, lease_ids: list[str]) -> str:
     return hashlib.sha256("\0".join([run, trainer, *lease_ids]).encode()).hexdigest()[:32]
 
 
-def batch_seed(run: str, batch: str, attempt: int) -> int:
-    """Deterministic sampling seed: a retried batch is reproducible, different attempts differ."""
-    digest = hashlib.sha256(f"{run}\0{batch}\0{attempt}".encode()).digest()
+def _seed(*parts: object) -> int:
+    digest = hashlib.sha256("\0".join(map(str, parts)).encode()).digest()
     return int.from_bytes(digest[:8], "big") & (2**63 - 1)
+
+
+def batch_seed(seed: int, batch: str, attempt: int) -> int:
+    """The sampling seed of one attempt at a batch: sha256 of the spec's `seed`, the batch's epoch
+    and index, and the attempt. Not the run id: two runs of one spec under different ids draw the
+    same samples (docs/guarantees.md, reproducibility); a requeued batch (attempt + 1) draws anew."""
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        # the first argument used to be the run id: a caller still passing one must not hash it quietly
+        raise TypeError(f"batch_seed takes the spec's seed (an int), not {type(seed).__name__} {seed!r}")
+    _, epoch, index = parse_batch_id(batch)
+    return _seed("brigade-batch", seed, epoch, index, attempt)
+
+
+def eval_seed(seed: int, version: int) -> int:
+    """The evaluator's sampling seed for adapter `version`: the same for every run of one spec,
+    and never a batch's (its own prefix), so a version's score is reproducible from the spec."""
+    return _seed("brigade-eval", int(seed), version)

@@ -113,7 +113,9 @@ FIELDS: tuple[Field, ...] = (
     Field("max_steps", 0, "learner steps; 0 = until stopped"),
     Field("publish_every", 1, "publish adapter v+1 every N steps", ">= 1"),
     Field("checkpoint_every", 1, "checkpoint every N steps (publishing implies a checkpoint)", ">= 1"),
-    Field("seed", 0, "base of every batch's sampling seed"),
+    Field("seed", 0, "seeds the LoRA init, the prompt order, every batch's and the evaluator's sampling and "
+          "the learner's dropout (never the run id): in sync mode the same spec publishes the same "
+          "adapters ([guarantees.md](guarantees.md#reproducibility))"),
     Field("epochs", 0, "passes over the prompt set; 0 = unbounded"),
     Field("adapter_payload", "bf16", "adapter bytes workers fetch; `int8` halves them for slow links",
           choices=("bf16", "int8")),

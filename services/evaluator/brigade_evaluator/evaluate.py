@@ -61,7 +61,7 @@ async def _evaluate(run: str, version: int, bucket_url: str, redis_url: str, rq_
             sampling = pb.SamplingSpec()
             sampling.CopyFrom(spec.sampling)
             sampling.group_size = EVAL_GROUP
-            seed = keys.batch_seed(run, f"eval:{version}", 0)
+            seed = keys.eval_seed(spec.seed, version)
             samples = await asyncio.to_thread(engine.generate, [prompt_value(p) for p in prompts], sampling, seed, version,
                                               lambda: False)
             texts = engine.tokenizer.batch_decode([s.completion_ids for s in samples], skip_special_tokens=True)

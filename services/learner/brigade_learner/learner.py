@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 
 import grpc
 import structlog
+import torch
 
 from brigade import adapters, crash_loop, keys
 from brigade.bucket import (
@@ -184,6 +185,10 @@ class Learner:
         found = await checkpoint.latest(self.bucket, self.run_id)
         if found is None:
             self.state = LearnerState()
+            # the only randomness in a step is LoRA dropout (torch's global generator; a checkpoint
+            # carries its state on): start it from the spec's seed, not the process's fresh one, so
+            # a run is reproducible from its spec (docs/guarantees.md)
+            torch.manual_seed(self.spec.seed)
             if proxy_latest > 0:
                 log.warning("no_checkpoint_but_versions_published", latest=proxy_latest,
                             note="training restarts from v0 weights; version numbers continue after the latest")

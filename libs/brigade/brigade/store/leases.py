@@ -131,7 +131,7 @@ class Leases:
         run = ri.run
         return pb.AcquireLeaseResponse(granted=True, lease=pb.Lease(
             lease_id=lease_id, run_id=run, batch=ri.batch(batch_id), adapter_version=version,
-            seed=keys.batch_seed(run, batch_id, attempt),
+            seed=keys.batch_seed(ri.spec.seed, batch_id, attempt),
             attempt=attempt, deadline_ms=deadline_ms, lease_seconds=ri.lease_ms // 1000))
 
     async def _complete_args(self, run: str, lease_id: str, worker: str,
