@@ -48,7 +48,11 @@ def new_run_id(prefix: str = "t") -> str:
 
 
 def make_spec(run: str, **overrides: Any) -> pb.RunSpec:
+    """A run spec for the store's and proxy's tests. These cut batches without a learner publishing
+    versions, so workers may run as far ahead as the staleness cap allows (fixed lookahead = the cap);
+    a test of automatic lookahead asks for `lookahead: 0`."""
     staleness = {"max_staleness": 2, "lease_seconds": 30, "max_attempts": 3} | overrides.pop("staleness", {})
+    staleness.setdefault("lookahead", staleness["max_staleness"])
     data = {"run_id": run, "prompts_per_batch": 2, "batches_per_step": 1, "staleness": staleness} | overrides
     return build_spec(data)
 

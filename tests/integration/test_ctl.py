@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 
 from brigade import keys
 from brigade.v1 import brigade_pb2 as pb
-from brigade_cli.ctl import app
+from brigade_cli.ctl import app, format_status
 from brigade_harness.devservers import free_port
 
 TOKEN = PROXY_TOKEN
@@ -67,8 +67,19 @@ def test_status(token_proxy, run):
     text = out.stdout
     assert run in text and "adapter version        1" in text and "learner step           1" in text
     assert "dead-lettered          1" in text and "consumed               1" in text
+    assert "lookahead              5 (fixed by staleness.lookahead)" in text
     data = json.loads(ctl(token_proxy, "status", "--run", run, "--json").stdout)
     assert data["spec"]["run_id"] == run and data["latest_version"] == "1" and data["leased"] == "1"
+
+
+def test_status_says_how_automatic_lookahead_chose():
+    state = pb.RunState(spec=pb.RunSpec(run_id="r"), lookahead=2, generation_s=21.5, step_busy_s=18.25)
+    assert "2 versions (auto: a batch takes 21.5 s to generate, the learner 18.2 s a step)" in \
+        format_status(state)
+    fresh = pb.RunState(spec=pb.RunSpec(run_id="r"), lookahead=1)
+    assert "1 version (auto: times not measured yet)" in format_status(fresh)
+    sync = pb.RunState(spec=pb.RunSpec(run_id="r", sync=True))
+    assert "0 (sync" in format_status(sync)
 
 
 def test_runs(token_proxy, run):

@@ -108,7 +108,7 @@ class LeaseProtocol(RuleBasedStateMachine):
     def acquire(self, worker: str) -> None:
         resp = self.client.lease.AcquireLease(pb.AcquireLeaseRequest(run_id=self.run, worker_id=worker), timeout=10)
         if not resp.granted:
-            assert resp.reason in ("admission", "sync_barrier", "finished") and resp.retry_after_ms > 0
+            assert resp.reason in ("admission", "sync_barrier", "lookahead", "finished") and resp.retry_after_ms > 0
             SEEN["denied: " + resp.reason] += 1
             return
         lease = resp.lease

@@ -72,6 +72,9 @@ class Env:
         self.server = await start_server(self.redis_url, self.target, bucket_url=self.bucket_url, monitor_redis=False)
 
     async def create_run(self, run, n_prompts, **overrides) -> pb.RunSpec:
+        # no learner publishes here: workers may run as far ahead as the cap (fixed lookahead)
+        staleness = overrides["staleness"] = {"max_staleness": 4} | overrides.get("staleness", {})
+        staleness.setdefault("lookahead", staleness["max_staleness"])
         spec = tiny_spec(self.model_dir, run_id=run, **overrides)
         await self.client.runs.CreateRun(pb.CreateRunRequest(spec=spec, prompts=demo_prompts(n_prompts)))
         return spec
@@ -179,7 +182,7 @@ async def test_batches_end_to_end(env):
         assert len(answers) == 8
         # the same batch and attempt (same seed) generate the same completions in a fresh engine
         prompts = [doc["samples"][i * 4]["prompt"] for i in range(2)]
-        seed = keys.batch_seed(run, m.batch_id, m.attempt)
+        seed = keys.batch_seed(spec.seed, m.batch_id, m.attempt)
         again = HFEngine(*model_with(spec)).generate(prompts, spec.sampling, seed, 0, lambda: False)
         assert [s.completion_ids for s in again] == [row[mask.bool()].tolist() for row, mask in
                                                      zip(r.completion_ids, r.completion_mask, strict=True)]

@@ -51,14 +51,30 @@ def test_on_policy_batch_has_ratio_exactly_one_and_kl_zero_before_the_first_step
     assert m2["ratio_min"] == 1.0 and m2["ratio_max"] == 1.0 and m2["kl"] > 0
 
 
-def test_stale_batch_engages_the_clip(model_dir):
-    trainer = Trainer.create(tiny_spec(model_dir, grpo={"learning_rate": 0.05, "max_grad_norm": 0.0}))
+def test_stale_batch_engages_the_clip_around_the_behaviour_policy(model_dir):
+    trainer = Trainer.create(tiny_spec(model_dir, grpo={"learning_rate": 0.05, "max_grad_norm": 0.0, "tis_cap": 0}))
     old = rollout(trainer, version=0)
     for seed in range(4):  # move the policy away from the one that generated `old`
         trainer.train_step([rollout(trainer, version=seed, seed=seed + 10)])
     m = trainer.train_step([old])
     assert m["ratio_min"] < 0.8 or m["ratio_max"] > 1.28
     assert m["clip_low_frac"] + m["clip_high_frac"] > 0
+
+
+def test_the_decoupled_default_trains_on_a_stale_batch_with_bounded_weights(model_dir):
+    """The default objective clips around the learner's own policy, so staleness clips nothing (every
+    token keeps its gradient); the lag is corrected by importance weights, truncated at tis_cap."""
+    trainer = Trainer.create(tiny_spec(model_dir, grpo={"learning_rate": 0.05, "max_grad_norm": 0.0}))
+    assert trainer.spec.grpo.tis_cap == 3.0
+    old = rollout(trainer, version=0)
+    for seed in range(4):
+        trainer.train_step([rollout(trainer, version=seed, seed=seed + 10)])
+    before = lora_params(trainer)
+    m = trainer.train_step([old])
+    assert m["clip_low_frac"] == m["clip_high_frac"] == 0
+    assert m["is_weight_mean"] != pytest.approx(1.0, abs=1e-3) and 0 <= m["is_weight_capped_frac"] < 1
+    after = lora_params(trainer)
+    assert any(not torch.equal(before[k], after[k]) for k in before)
 
 
 def test_nonfinite_samples_are_dropped_with_a_counted_reason(model_dir):
@@ -78,7 +94,9 @@ def test_nonfinite_samples_are_dropped_with_a_counted_reason(model_dir):
 
 
 def test_a_nonfinite_gradient_skips_the_update_and_never_produces_nan_parameters(model_dir):
-    trainer = Trainer.create(tiny_spec(model_dir))
+    # clipped around the behaviour policy, whose absurd log-probs overflow the ratio (the default's
+    # weight is truncated, so it stays finite)
+    trainer = Trainer.create(tiny_spec(model_dir, grpo={"tis_cap": 0}))
     r = rollout(trainer)
     r.logprobs[:] = -1e30 * r.completion_mask  # finite, but the ratios overflow to inf
     r.rewards[:] = torch.arange(r.num_samples, dtype=torch.float32)

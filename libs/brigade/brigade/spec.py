@@ -148,9 +148,14 @@ FIELDS: tuple[Field, ...] = (
     Field("grpo.beta", 0.0, "KL to the reference (the same model, adapter disabled), k3 estimator; 0 = off", ">= 0"),
     Field("grpo.max_grad_norm", 1.0, "gradient norm clip; 0 = no clipping", ">= 0"),
     Field("grpo.micro_batch_tokens", 4096, "token budget of one micro-batch", ">= 1"),
-    Field("grpo.tis_cap", 0.0, "truncated importance weight cap (engine vs trainer mismatch); 0 = off", ">= 0"),
-    Field("grpo.recompute_logprobs", False, "decoupled PPO: behaviour log-probs under the learner's numerics"),
+    Field("grpo.tis_cap", 3.0, "decoupled objective: the ratio is clipped around the learner's own policy and each "
+          "token weighed by min(learner / behaviour probability, tis_cap), which corrects staleness and the engine's "
+          "numerics; 0 = clip around the behaviour policy (no weight)", ">= 0"),
+    Field("grpo.recompute_logprobs", False, "take the ratio against the behaviour version re-scored by the learner "
+          "(its numerics, one more forward pass) instead of the learner's own policy"),
     Field("staleness.max_staleness", 4, "cap in learner versions: admission, revocation, ingestion"),
+    Field("staleness.lookahead", 0, "versions ahead of the newest a worker may generate; 0 = just enough for the "
+          "learner never to wait (measured); at most max_staleness; ignored with sync"),
     Field("staleness.lease_seconds", 60, "a lease not heartbeated for this long expires", ">= 1"),
     Field("staleness.max_attempts", 3, "after this many failed attempts a batch is dead-lettered", ">= 1"),
     Field("local_sgd.local_steps", 4, "H: local GRPO steps a trainer takes from one global version before it uploads",
@@ -287,6 +292,9 @@ def validate_spec(spec: pb.RunSpec) -> None:
         for prefix, holder in _holders(spec, field.section):
             if problem := field.problem(getattr(holder, field.name)):
                 problems.append(f"{prefix}{field.name}: {problem}")
+    if spec.staleness.lookahead > spec.staleness.max_staleness:
+        problems.append(f"staleness.lookahead: must be at most staleness.max_staleness "
+                        f"({spec.staleness.max_staleness}), got {spec.staleness.lookahead}")
     if spec.topology == "local_sgd":  # what a round of local steps replaces
         if spec.sync:
             problems.append("sync: must be false with topology local_sgd (its rounds are the barrier)")

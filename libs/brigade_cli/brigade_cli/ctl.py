@@ -223,6 +223,7 @@ def format_status(s: pb.RunState) -> str:
         ("mode", mode),
         ("prompts", s.num_prompts),
         ("batches cut", cut),
+        *([] if spec.topology == "local_sgd" else [("lookahead", format_lookahead(s))]),
         ("outstanding", cap),
         ("  queued", s.queued),
         ("  leased", s.leased),
@@ -238,6 +239,17 @@ def format_status(s: pb.RunState) -> str:
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {shown(v)}" for k, v in rows)
+
+
+def format_lookahead(s: pb.RunState) -> str:
+    """How far ahead of the newest version workers may generate now, and why."""
+    if s.spec.sync:
+        return "0 (sync: every batch waits for the version it trains at)"
+    if s.spec.staleness.lookahead:
+        return f"{s.lookahead} (fixed by staleness.lookahead)"
+    measured = (f"a batch takes {s.generation_s:.1f} s to generate, the learner {s.step_busy_s:.1f} s a step"
+                if s.generation_s and s.step_busy_s else "times not measured yet")
+    return f"{s.lookahead} version{'s' if s.lookahead != 1 else ''} (auto: {measured})"
 
 
 @app.command()

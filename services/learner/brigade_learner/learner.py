@@ -67,6 +67,9 @@ T = TypeVar("T")
 # a restart logs at most this many missing steps to its trackers (a GET each): enough for every kill,
 # bounded when a tracker is first turned on late in a long run
 MAX_TRACKER_BACKFILL = 1000
+# while a step's rollouts are slow to come, how often the learner looks whether Redis lost its newest
+# commit (Learner._take)
+REDIS_CHECK_S = 5.0
 
 
 def metrics_for_proxy(metrics: dict | None) -> str:
@@ -95,6 +98,9 @@ class Learner:
         self.durable_step = 0            # the newest step covered by a complete checkpoint
         self.config_json = trainer.adapter_config_json()
         self._published_files: tuple[dict[str, bytes], float] | None = None
+        # seconds each step since the last publish spent busy (its cycle less its wait for rollouts):
+        # the proxy weighs generation against it to choose how far ahead workers may run
+        self._busy_s: list[float] = []
         self._proximal: dict[int, dict] = {}  # decoded adapter versions, for recompute_logprobs
         self._pruning: asyncio.Task | None = None   # checkpoint retention, beside the next step
         self._told: Told | None = None
@@ -169,8 +175,8 @@ class Learner:
         # emit StepCompleted), and the proxy's script only ever moves it forward
         await self._ack(delivery_ids, consumed, rejected, 0)
 
-    async def _publish(self, manifest: pb.AdapterManifest) -> int:
-        req = pb.PublishAdapterRequest(run_id=self.run_id, manifest=manifest)
+    async def _publish(self, manifest: pb.AdapterManifest, step_busy_s: float = 0.0) -> int:
+        req = pb.PublishAdapterRequest(run_id=self.run_id, manifest=manifest, step_busy_s=step_busy_s)
         resp = await self._call("PublishAdapter", lambda: self.client.learner.PublishAdapter(req, timeout=30))
         return resp.latest_version
 
@@ -301,11 +307,13 @@ class Learner:
     async def step(self, cycle_start: float) -> float:
         """One step; returns when its training ended (the start of the next cycle)."""
         s, spec = self.state, self.spec
-        data = await self.prefetch.take(s.version)
+        data = await self._take(s.version)
         step = s.step + 1
         crash_loop.at_step(step)  # a crash in this step is recorded at it
         self.crash.at("before_train", step)
-        rollouts = [a.rollout for a in data.accepted]
+        # in batch order, not arrival order: dropout draws its masks and gradients accumulate in
+        # this order, so a sync run is reproducible whichever worker finished first (guarantees.md)
+        rollouts = [a.rollout for a in sorted(data.accepted, key=lambda a: keys.parse_batch_id(a.batch_id)[1:])]
         proximal = await self._proximal_adapters(rollouts) if spec.grpo.recompute_logprobs else None
         train = await asyncio.get_running_loop().run_in_executor(_TRAIN_THREAD, self.trainer.train_step, rollouts,
                                                                  proximal)
@@ -321,12 +329,27 @@ class Learner:
         if s.published:
             s.version += 1
             self._published_files = self.trainer.adapter_files(spec.adapter_payload, self.config_json)
+        self._busy_s.append(trained_at - cycle_start - data.wait_s)
         s.metrics.append(self._metrics(step, version_used, data, train, trained_at - cycle_start))
         log.info("step", **{k: v for k, v in s.metrics[-1].items() if k in LOGGED})
         prom.observe_step(s.metrics[-1])
         if s.published or step % spec.checkpoint_every == 0 or final:
             await self._commit(step)
         return trained_at
+
+    async def _take(self, version: int) -> StepData:
+        """The step's rollouts. While they are slow to come, look every REDIS_CHECK_S whether Redis
+        lost the newest commit (a restart that lost its last second): a lost publish holds the workers
+        at admission's lookahead, waiting for a version this learner already has, and the usual
+        repair, at the next commit, would wait for rollouts that cannot come before it."""
+        take = asyncio.ensure_future(self.prefetch.take(version))
+        try:
+            while not (await asyncio.wait({take}, timeout=REDIS_CHECK_S))[0]:
+                if self._told is not None:
+                    await self._repair_redis(self._told)
+            return take.result()
+        finally:
+            take.cancel()  # a no-op once done: only a step cancelled itself cancels its take
 
     async def _commit(self, step: int) -> None:
         """checkpoint -> adapter version -> PublishAdapter -> metrics -> AckRollouts."""
@@ -343,7 +366,10 @@ class Learner:
             manifest = await adapters.write_version(self.bucket, self.run_id, s.version, step, payload,
                                                     self.spec.adapter_payload, quant_error)
             self.crash.at("after_adapter", step)
-            await self._publish(manifest)
+            # per step since the last publish; the one before the first step on resume is not known
+            busy = sum(self._busy_s) / len(self._busy_s) if self._busy_s else 0.0
+            self._busy_s = []
+            await self._publish(manifest, busy)
             self.crash.at("after_publish", step)
         await self._write_metrics(s.metrics)
         await self._ack_pending(step)

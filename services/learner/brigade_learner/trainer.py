@@ -155,7 +155,7 @@ class Trainer:
             loss = aggregate(tl.loss, mask, g.loss_agg, **norms)
             loss.backward()
             total_loss += loss.item()
-            stats.add(tl, mask, weight)
+            stats.add(tl, mask, weight, g.tis_cap)
         self.model.eval()
 
         # 4. one clipped AdamW step; a non-finite gradient skips the update instead of poisoning it
@@ -246,12 +246,12 @@ class _Stats:
     """Token-level sums over micro-batches, reduced once at the end."""
 
     def __init__(self) -> None:
-        self.kl = self.low = self.high = self.ratio_sum = self.weight_sum = 0.0
+        self.kl = self.low = self.high = self.ratio_sum = self.weight_sum = self.capped = 0.0
         self.ratio_min, self.ratio_max = math.inf, -math.inf
         self.weighted = False
 
     @torch.no_grad()
-    def add(self, tl, mask: torch.Tensor, weight: torch.Tensor | None) -> None:
+    def add(self, tl, mask: torch.Tensor, weight: torch.Tensor | None, cap: float = 0.0) -> None:
         on = mask > 0
         self.kl += float(tl.kl[on].sum())
         self.low += float(tl.clipped_low.sum())
@@ -264,6 +264,7 @@ class _Stats:
         if weight is not None:
             self.weighted = True
             self.weight_sum += float(weight[on].sum())
+            self.capped += float((weight[on] >= cap).sum())
 
     def summary(self, num_tokens: int) -> dict[str, float]:
         n = max(num_tokens, 1)
@@ -274,6 +275,7 @@ class _Stats:
         }
         if self.weighted:
             out["is_weight_mean"] = self.weight_sum / n
+            out["is_weight_capped_frac"] = self.capped / n  # tokens whose weight tis_cap truncated
         return out
 
 

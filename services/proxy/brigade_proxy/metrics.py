@@ -207,6 +207,9 @@ _GAUGES = {  # RunState field -> (metric, help)
     "leased": ("brigade_run_batches_leased", "Batches out on lease"),
     "completed": ("brigade_run_batches_completed", "Completed batches waiting for the learner"),
     "finished": ("brigade_run_finished", "1 once the run is finished"),
+    "lookahead": ("brigade_run_lookahead", "Versions ahead of the newest a batch may be cut now (admission)"),
+    "generation_s": ("brigade_run_generation_seconds", "A batch's grant-to-completion time, moving average"),
+    "step_busy_s": ("brigade_run_learner_step_busy_seconds", "The learner's busy time per step, moving average"),
 }
 _COUNTERS = {  # cumulative counts kept in Redis (so they survive proxy restarts)
     "batches_created": ("brigade_run_batches_created", "Batches created"),

@@ -208,7 +208,7 @@ class LearnerServicer(pbg.LearnerServiceServicer):
     @rpc
     async def PublishAdapter(self, request: pb.PublishAdapterRequest, context) -> pb.PublishAdapterResponse:
         manifest = request.manifest if request.HasField("manifest") else None
-        latest = await self.learner.publish(request.run_id, manifest)
+        latest = await self.learner.publish(request.run_id, manifest, request.step_busy_s)
         log.info("adapter published", run=request.run_id, version=request.manifest.version, latest=latest)
         return pb.PublishAdapterResponse(latest_version=latest)
 

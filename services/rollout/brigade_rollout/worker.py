@@ -249,12 +249,12 @@ class Worker:
                 done += 1
 
     async def _back_off(self, resp: pb.AcquireLeaseResponse, published: asyncio.Event) -> None:
-        """Wait out a refusal's retry delay. At the sync barrier, an adapter published since the
-        refused request went out ends the wait at once: the barrier waits for exactly that, and
-        sleeping out the delay cost every synchronous step about 250 ms (bench fleet's
+        """Wait out a refusal's retry delay. At the sync barrier or the lookahead bound, an adapter
+        published since the refused request went out ends the wait at once: both wait for exactly
+        that, and sleeping out the delay cost every synchronous step about 250 ms (bench fleet's
         sync_barrier_release_s). The delay stays as the fallback for a broken WatchRun stream."""
         delay = max(50, resp.retry_after_ms) / 1000 * random.uniform(0.5, 1.5)
-        if resp.reason != "sync_barrier":
+        if resp.reason not in ("sync_barrier", "lookahead"):
             await asyncio.sleep(delay)
             return
         with contextlib.suppress(TimeoutError):

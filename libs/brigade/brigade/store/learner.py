@@ -3,6 +3,7 @@ the aggregator, local_sgd's learner: pull contributions, ack them with the same 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -160,12 +161,20 @@ class Learner:
             lost_cuts=ri.capacity + LOST_COMMITS * per_step * per_commit, ids=[*delivery_ids, *consumed, *rejected])
         return int(acked)
 
-    async def publish(self, run: str, manifest: pb.AdapterManifest | None) -> int:
+    async def publish(self, run: str, manifest: pb.AdapterManifest | None, step_busy_s: float = 0.0) -> int:
         check_id("run_id", run)
         require_manifest(manifest)
         k = (await self.runs.get(run)).keys
         check_adapter_manifest(run, manifest)
         (latest,) = await self.scripts.publish(
             k, version=manifest.version, manifest=manifest.SerializeToString(deterministic=True), uri=manifest.uri,
-            step=manifest.step)
+            step=manifest.step, step_busy_ms=_busy_ms(step_busy_s))
         return int(latest)
+
+
+def _busy_ms(seconds: float) -> int:
+    """The learner's figure as whole ms; what is not a sane duration (NaN, negative, over a day) is 0,
+    "not measured", and moves no average."""
+    if not math.isfinite(seconds) or not 0 < seconds < 86_400:
+        return 0
+    return max(1, round(seconds * 1000))

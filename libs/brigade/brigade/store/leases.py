@@ -53,7 +53,8 @@ def _completion(reply: list) -> Completion:
 def _retry_after_ms(reason: str, over: int, info: RunInfo) -> int:
     if reason == "finished":
         return 5_000
-    if reason == "sync_barrier":
+    if reason in ("sync_barrier", "lookahead"):
+        # both wait for the next version; a worker wakes on its AdapterPublished event before this
         return 250 + random.randint(0, 250)
     # admission: back off longer the further over capacity we are
     return min(1_000, int(200 * max(1.0, over / max(1, info.capacity)))) + random.randint(0, 200)
@@ -114,7 +115,8 @@ class Leases:
             worker_info=info.SerializeToString(), lease_ttl_ms=ri.lease_ttl_ms,
             # one credential: the run's cap as always; several: each its own, under a run-wide backstop
             max_workers=MAX_WORKER_IDS_PER_RUN if credential else MAX_WORKERS_PER_RUN,
-            credential=credential, max_credential_workers=max_credential_workers)
+            credential=credential, max_credential_workers=max_credential_workers,
+            lookahead=ri.lookahead, max_lookahead=ri.max_staleness, publish_every=max(1, spec.publish_every))
 
     async def _lease(self, ri: RunInfo, reply: list) -> pb.AcquireLeaseResponse:
         """The answer to a worker from acquire.lua's reply."""

@@ -74,6 +74,9 @@ class RunInfo:
         self.batches_per_epoch = max(1, math.ceil(self.num_prompts / max(1, spec.prompts_per_batch)))
         self.total_batches = spec.epochs * self.batches_per_epoch  # 0 = unbounded
         self.capacity = admission_capacity(spec)
+        # acquire.lua's lookahead: local_sgd trainers generate on-policy (no lookahead); 0 = measured
+        self.lookahead = ("off" if spec.topology == "local_sgd"
+                          else str(st.lookahead) if st.lookahead else "auto")
         # a lease hash outlives its lease; once expired/revoked it stays a while so the worker
         # learns why on its next heartbeat instead of hearing "unknown lease"
         self.lease_ttl_ms = self.lease_ms * 2 + 60_000

@@ -45,6 +45,10 @@ from brigade.resp import ClusterPipelinedRedis, PipelinedRedis, ReplyError
 EVENTS_MAXLEN = 10_000    # the events stream is capped (approximately) at this many entries
 DEADLETTER_KEPT = 10_000  # so is the dead-letter stream (stats.deadlettered counts every one)
 ADAPTERS_KEPT = 10_000    # adapter manifests (and evaluator results) of the newest versions kept in Redis
+# automatic lookahead (acquire.lua) runs a worker this much further ahead than generation / training
+# alone asks: a batch that takes 90 % of a step already gets two versions of room, so one slow batch
+# (a noisy neighbour, a long completion) does not leave the learner waiting
+LOOKAHEAD_SLACK = 1.15
 
 # Python values the scripts see as Lua constants (substituted at load time, so one definition)
 CONSTANTS = {
@@ -54,6 +58,7 @@ CONSTANTS = {
     "DEADLETTER_KEPT": DEADLETTER_KEPT,
     "ADAPTERS_KEPT": ADAPTERS_KEPT,
     "BATCH_ID_FORMAT": keys.BATCH_ID_FORMAT,
+    "LOOKAHEAD_SLACK": LOOKAHEAD_SLACK,
 }
 
 _HEADER = re.compile(r"^-- (KEYS|ARGV):(.*)$", re.MULTILINE)
@@ -63,9 +68,9 @@ SCRIPT_FLAGS = {"allow-oom"}
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
-def _lua_literal(value: str | int) -> str:
-    if isinstance(value, int):
-        return str(value)
+def _lua_literal(value: str | int | float) -> str:
+    if isinstance(value, int | float):
+        return repr(value)
     if re.search(r"['\\\n]", value):
         raise ValueError(f"constant {value!r} cannot be a plain Lua string")
     return f"'{value}'"

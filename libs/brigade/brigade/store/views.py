@@ -61,6 +61,8 @@ class Views:
             deadlettered=max(dead, stats.get("deadlettered", 0)), stale_removed=stats.get("stale_removed", 0),
             duplicates=stats.get("duplicates", 0), created_ms=stats.get("created_ms", 0),
             num_prompts=info.num_prompts, finished=finished, contributions=contributions,
+            lookahead=stats.get("lookahead", _initial_lookahead(info)),
+            generation_s=stats.get("generation_ms", 0) / 1000, step_busy_s=stats.get("step_busy_ms", 0) / 1000,
         )
 
     async def list_leases(self, run: str) -> list[pb.LeaseInfo]:
@@ -161,3 +163,10 @@ class Views:
         start = "-" if after_id in ("", "0-0") else "(" + after_id
         rows = await self.redis.xrange(keys.RunKeys(run).events, start, "+", count=count)
         return [event_from_fields(run, text(i), f) for i, f in rows]
+
+
+def _initial_lookahead(info) -> int:
+    """What acquire.lua will choose before it has granted anything (then it records its choice)."""
+    if info.spec.sync:
+        return 0
+    return 1 if info.lookahead in ("auto", "off") else int(info.lookahead)

@@ -64,14 +64,16 @@ class GrpoSpec(_message.Message):
     def __init__(self, learning_rate: _Optional[float] = ..., eps_low: _Optional[float] = ..., eps_high: _Optional[float] = ..., beta: _Optional[float] = ..., loss_agg: _Optional[str] = ..., scale_rewards: _Optional[str] = ..., max_grad_norm: _Optional[float] = ..., micro_batch_tokens: _Optional[int] = ..., tis_cap: _Optional[float] = ..., recompute_logprobs: _Optional[bool] = ..., lr_schedule: _Optional[str] = ..., warmup_steps: _Optional[int] = ..., weight_decay: _Optional[float] = ...) -> None: ...
 
 class StalenessSpec(_message.Message):
-    __slots__ = ("max_staleness", "lease_seconds", "max_attempts")
+    __slots__ = ("max_staleness", "lease_seconds", "max_attempts", "lookahead")
     MAX_STALENESS_FIELD_NUMBER: _ClassVar[int]
     LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     MAX_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    LOOKAHEAD_FIELD_NUMBER: _ClassVar[int]
     max_staleness: int
     lease_seconds: int
     max_attempts: int
-    def __init__(self, max_staleness: _Optional[int] = ..., lease_seconds: _Optional[int] = ..., max_attempts: _Optional[int] = ...) -> None: ...
+    lookahead: int
+    def __init__(self, max_staleness: _Optional[int] = ..., lease_seconds: _Optional[int] = ..., max_attempts: _Optional[int] = ..., lookahead: _Optional[int] = ...) -> None: ...
 
 class RewardSpec(_message.Message):
     __slots__ = ("function", "weight", "sandboxed", "timeout_s", "kwargs")
@@ -570,12 +572,14 @@ class PullContributionsResponse(_message.Message):
     def __init__(self, contributions: _Optional[_Iterable[_Union[PulledContribution, _Mapping]]] = ..., latest_adapter_version: _Optional[int] = ...) -> None: ...
 
 class PublishAdapterRequest(_message.Message):
-    __slots__ = ("run_id", "manifest")
+    __slots__ = ("run_id", "manifest", "step_busy_s")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    STEP_BUSY_S_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     manifest: AdapterManifest
-    def __init__(self, run_id: _Optional[str] = ..., manifest: _Optional[_Union[AdapterManifest, _Mapping]] = ...) -> None: ...
+    step_busy_s: float
+    def __init__(self, run_id: _Optional[str] = ..., manifest: _Optional[_Union[AdapterManifest, _Mapping]] = ..., step_busy_s: _Optional[float] = ...) -> None: ...
 
 class PublishAdapterResponse(_message.Message):
     __slots__ = ("latest_version",)
@@ -608,7 +612,7 @@ class RunRef(_message.Message):
     def __init__(self, run_id: _Optional[str] = ...) -> None: ...
 
 class RunState(_message.Message):
-    __slots__ = ("spec", "latest_version", "learner_step", "batches_created", "queued", "leased", "completed", "consumed", "rejected", "revoked", "expired", "deadlettered", "stale_removed", "duplicates", "created_ms", "num_prompts", "finished", "contributions")
+    __slots__ = ("spec", "latest_version", "learner_step", "batches_created", "queued", "leased", "completed", "consumed", "rejected", "revoked", "expired", "deadlettered", "stale_removed", "duplicates", "created_ms", "num_prompts", "finished", "contributions", "lookahead", "generation_s", "step_busy_s")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     LATEST_VERSION_FIELD_NUMBER: _ClassVar[int]
     LEARNER_STEP_FIELD_NUMBER: _ClassVar[int]
@@ -627,6 +631,9 @@ class RunState(_message.Message):
     NUM_PROMPTS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     CONTRIBUTIONS_FIELD_NUMBER: _ClassVar[int]
+    LOOKAHEAD_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_S_FIELD_NUMBER: _ClassVar[int]
+    STEP_BUSY_S_FIELD_NUMBER: _ClassVar[int]
     spec: RunSpec
     latest_version: int
     learner_step: int
@@ -645,7 +652,10 @@ class RunState(_message.Message):
     num_prompts: int
     finished: bool
     contributions: int
-    def __init__(self, spec: _Optional[_Union[RunSpec, _Mapping]] = ..., latest_version: _Optional[int] = ..., learner_step: _Optional[int] = ..., batches_created: _Optional[int] = ..., queued: _Optional[int] = ..., leased: _Optional[int] = ..., completed: _Optional[int] = ..., consumed: _Optional[int] = ..., rejected: _Optional[int] = ..., revoked: _Optional[int] = ..., expired: _Optional[int] = ..., deadlettered: _Optional[int] = ..., stale_removed: _Optional[int] = ..., duplicates: _Optional[int] = ..., created_ms: _Optional[int] = ..., num_prompts: _Optional[int] = ..., finished: _Optional[bool] = ..., contributions: _Optional[int] = ...) -> None: ...
+    lookahead: int
+    generation_s: float
+    step_busy_s: float
+    def __init__(self, spec: _Optional[_Union[RunSpec, _Mapping]] = ..., latest_version: _Optional[int] = ..., learner_step: _Optional[int] = ..., batches_created: _Optional[int] = ..., queued: _Optional[int] = ..., leased: _Optional[int] = ..., completed: _Optional[int] = ..., consumed: _Optional[int] = ..., rejected: _Optional[int] = ..., revoked: _Optional[int] = ..., expired: _Optional[int] = ..., deadlettered: _Optional[int] = ..., stale_removed: _Optional[int] = ..., duplicates: _Optional[int] = ..., created_ms: _Optional[int] = ..., num_prompts: _Optional[int] = ..., finished: _Optional[bool] = ..., contributions: _Optional[int] = ..., lookahead: _Optional[int] = ..., generation_s: _Optional[float] = ..., step_busy_s: _Optional[float] = ...) -> None: ...
 
 class ListRunsRequest(_message.Message):
     __slots__ = ("page_size", "page_token")

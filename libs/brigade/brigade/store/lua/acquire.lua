@@ -4,16 +4,41 @@
 -- KEYS: completed
 -- ARGV: worker lease_prefix lease_ms batches_per_epoch total_batches capacity batches_per_step sync
 -- ARGV: max_steps run worker_info lease_ttl_ms max_workers credential max_credential_workers
+-- ARGV: lookahead max_lookahead publish_every
 -- Reply: {'ok', 'granted', lease id, batch, attempt, version, deadline_ms}
---      | {'ok', 'finished' | 'admission' | 'sync_barrier', how far over (outstanding or the version waited for)}
+--      | {'ok', 'finished' | 'admission' | 'sync_barrier' | 'lookahead', how far over (outstanding, or the
+--        version waited for)}
 --      | {'err', 'exhausted', message} (a new worker id beyond max_workers, or beyond
 --        max_credential_workers of its credential)
 -- total_batches 0 = unbounded; sync '1' = wait for the adapter of the previous step.
+-- Lookahead: a batch is cut only while the version that will train on it is at most `lookahead`
+-- versions past the newest (sync: 0, every sample on-policy). 'auto' = just enough for the learner
+-- never to wait: ceil(generation / (step_busy x publish_every) x LOOKAHEAD_SLACK) from the measured
+-- averages, at least 1, at most max_lookahead (the staleness cap); 1 until both are measured.
+-- 'off' (topology local_sgd: trainers generate on-policy) cuts on capacity alone.
 -- stats.workers counts the worker ids with state here; prune_workers.lua forgets idle ones.
 -- credential '' = the proxy has one credential (one-token mode, no auth): only max_workers bounds
 -- the run. Otherwise each credential's new worker ids count in stats 'workers@<credential>' (and the
 -- id's `cred:` field names its credential, for the pruning), so one credential's flood of made-up
 -- ids exhausts its own quota, never another's; max_workers is then the run-wide backstop.
+local function lookahead_now()
+  local t = redis.call('HMGET', K.stats, 'generation_ms', 'step_busy_ms', 'lookahead')
+  local ahead
+  if A.sync == '1' then
+    ahead = 0
+  elseif A.lookahead ~= 'auto' then
+    ahead = tonumber(A.lookahead)
+  else
+    ahead = 1
+    local gen, busy = tonumber(t[1] or '0'), tonumber(t[2] or '0')
+    if gen > 0 and busy > 0 then
+      ahead = math.ceil(gen / (busy * tonumber(A.publish_every)) * LOOKAHEAD_SLACK)
+    end
+    ahead = math.max(1, math.min(ahead, tonumber(A.max_lookahead)))
+  end
+  if t[3] ~= fmt(ahead) then redis.call('HSET', K.stats, 'lookahead', fmt(ahead)) end  -- for GetRun and ctl
+  return ahead
+end
 local worker = A.worker
 local cred = A.credential
 local new_worker = redis.call('HEXISTS', K.workers, 'info:' .. worker) == 0
@@ -56,9 +81,12 @@ else
   end
   local outstanding = queued + redis.call('XLEN', K.rollouts)
   if outstanding >= tonumber(A.capacity) then return {'ok', 'admission', outstanding} end
-  local step = math.floor(n / tonumber(A.batches_per_step))
-  if A.sync == '1' and latest < step then
-    return {'ok', 'sync_barrier', step}
+  if A.lookahead ~= 'off' then
+    local trains_at = math.floor(math.floor(n / tonumber(A.batches_per_step)) / tonumber(A.publish_every))
+    local ahead = lookahead_now()
+    if trains_at - latest > ahead then
+      return {'ok', A.sync == '1' and 'sync_barrier' or 'lookahead', trains_at - ahead}
+    end
   end
   redis.call('SET', K.cursor, fmt(n + 1))
   batch = batch_at(n)

@@ -46,6 +46,15 @@ local function unindex(deadlines, versions, id)
   redis.call('ZREM', deadlines, id)
   redis.call('ZREM', versions, id)
 end
+-- a moving average in a stats field (integer ms): what automatic lookahead (acquire.lua) reads.
+-- The newest sample weighs a quarter: a few steps follow a change of machine or load, and one slow
+-- batch does not swing the choice.
+local function average_ms(stats, field, sample)
+  local old = tonumber(redis.call('HGET', stats, field) or '0')
+  local new = sample
+  if old > 0 then new = old + (sample - old) / 4 end
+  redis.call('HSET', stats, field, fmt(math.floor(new + 0.5)))
+end
 local function pending_for(work, id, worker)
   local p = redis.call('XPENDING', work, WORK_GROUP, id, id, 1, worker)
   return #p > 0

@@ -3,7 +3,7 @@
 -- ARGV: lease_id worker batch attempt policy_version manifest
 -- Reply: {'ok', 'completed', delivery id} | {'ok', 'duplicate'} | {'err', kind, message}
 local id, worker, mbatch = A.lease_id, A.worker, A.batch
-local h = redis.call('HMGET', K.lease, 'worker', 'batch', 'attempt', 'version', 'expired', 'revoked')
+local h = redis.call('HMGET', K.lease, 'worker', 'batch', 'attempt', 'version', 'expired', 'revoked', 'granted_ms')
 if not h[1] then
   if redis.call('SISMEMBER', K.completed, mbatch) == 1 or compacted(K.stats, mbatch) then
     redis.call('HINCRBY', K.stats, 'duplicates', 1)
@@ -49,6 +49,7 @@ redis.call('SADD', K.completed, mbatch)
 redis.call('DEL', K.lease)
 unindex(K.lease_deadlines, K.lease_versions, id)
 redis.call('HINCRBY', K.stats, 'completed', 1)
+if h[7] then average_ms(K.stats, 'generation_ms', math.max(1, now - tonumber(h[7]))) end
 redis.call('HINCRBY', K.workers, 'completed:' .. worker, 1)
 redis.call('HSET', K.workers, 'seen:' .. worker, fmt(now))
 event(K.events, 'RolloutCompleted', 'lease', id, 'batch', mbatch, 'attempt', A.attempt, 'worker', worker,

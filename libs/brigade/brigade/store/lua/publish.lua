@@ -1,8 +1,8 @@
 -- Record an adapter version (never overwritten) and move `adapter_latest` forward, never back.
 -- Redis keeps the newest ADAPTERS_KEPT versions' manifests (and their evaluator results): a version
 -- that old is far past any staleness cap, and the bucket keeps every version.
--- KEYS: adapters adapter_latest events evals
--- ARGV: version manifest uri step
+-- KEYS: adapters adapter_latest events evals stats
+-- ARGV: version manifest uri step step_busy_ms
 -- Reply: {'ok', latest version} | {'err', 'exists' | 'invalid', message}
 -- A new version is exactly latest + 1 (an older one may still be recorded, an identical one
 -- republished): a version far ahead would make every lease ask for an adapter that never comes.
@@ -27,5 +27,7 @@ if not old then
     redis.call('SET', K.adapter_latest, A.version)
   end
   event(K.events, 'AdapterPublished', 'version', A.version, 'step', A.step, 'uri', A.uri)
+  -- the learner's busy time per step (0 = it did not say): automatic lookahead's yardstick
+  if tonumber(A.step_busy_ms) > 0 then average_ms(K.stats, 'step_busy_ms', tonumber(A.step_busy_ms)) end
 end
 return {'ok', latest}
