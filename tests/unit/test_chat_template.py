@@ -90,3 +90,32 @@ def test_the_ids_a_worker_generated_from_are_the_ones_the_learner_scores(model_d
         learner = completion_logprobs(engine.model, got.prompt_ids, got.prompt_mask.long(), got.completion_ids,
                                       got.completion_mask.long(), spec.sampling.temperature)
     assert torch.allclose(learner, got.logprobs, atol=1e-4)
+
+
+def test_preflight_renders_a_local_folders_template_without_torch_and_reports_a_broken_one(model_dir, tmp_path):
+    """`brigade up`'s task check reads a local folder's template from its files (loading the
+    tokenizer imports torch: seconds before the first service starts); a template that does not
+    render still fails, with the full tokenizer's error."""
+    import json
+    import subprocess
+    import sys
+
+    from brigade.task import template_problems
+
+    spec = tiny_spec(model_dir)
+    code = ("import sys; from brigade.task import template_problems; from brigade.v1 import brigade_pb2 as pb; "
+            f"print(template_problems(pb.RunSpec(model={str(model_dir)!r})), 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["[]", "False"]
+    assert template_problems(spec) == []
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for f in model_dir.iterdir():
+        (broken / f.name).write_bytes(f.read_bytes())
+    config = json.loads((broken / "tokenizer_config.json").read_text())
+    (broken / "chat_template.jinja").unlink(missing_ok=True)
+    config["chat_template"] = "{% for m in messages %}{{ m.content | no_such_filter }}{% endfor %}"
+    (broken / "tokenizer_config.json").write_text(json.dumps(config))
+    problems = template_problems(tiny_spec(broken))
+    assert len(problems) == 1 and "cannot load its tokenizer" in problems[0], problems

@@ -128,3 +128,39 @@ def test_a_sigterm_during_the_progress_poll_is_not_swallowed():
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert stopped.value.signum == signal.SIGTERM
+
+
+def test_up_gives_the_cores_to_the_side_computing():
+    from brigade.v1 import brigade_pb2 as pb
+    from brigade_cli.up import torch_threads
+
+    # sync: the workers generate, then the learner trains; each side gets the cores in its turn
+    assert torch_threads(pb.RunSpec(sync=True), workers=1, cores=2) == (2, 2)
+    assert torch_threads(pb.RunSpec(sync=True), workers=2, cores=2) == (2, 1)
+    assert torch_threads(pb.RunSpec(sync=True), workers=3, cores=2) == (2, 1)
+    # async: a worker keeps one thread; the learner takes the rest and the core a waiting worker leaves
+    assert torch_threads(pb.RunSpec(sync=False), workers=1, cores=2) == (2, 1)
+    assert torch_threads(pb.RunSpec(sync=False), workers=2, cores=2) == (1, 1)
+    assert torch_threads(pb.RunSpec(sync=False), workers=3, cores=8) == (6, 1)
+
+
+def test_torch_threads_reach_the_thread_a_service_computes_on():
+    """The learner trains on a pool thread and the worker generates on one: the setting, applied
+    on the main thread after the fork, must hold there (a fresh child, as a forked service is)."""
+    code = ("import threading, torch; from brigade.service import use_torch_threads; use_torch_threads(2); "
+            "out = []; t = threading.Thread(target=lambda: out.append(torch.get_num_threads())); t.start(); "
+            "t.join(); print(out[0])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env=dict(os.environ, OMP_NUM_THREADS="1")).stdout
+    assert out.strip() == "2"
+
+
+def test_threads_override_takes_two_counts_or_nothing():
+    import typer
+
+    from brigade_cli.up import threads_override
+
+    assert threads_override("") is None and threads_override("2,1") == (2, 1)
+    for bad in ("2", "2,x", "0,1", "1,2,3"):
+        with pytest.raises(typer.BadParameter, match="--threads"):
+            threads_override(bad)

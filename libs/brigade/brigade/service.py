@@ -55,6 +55,16 @@ async def until_signal(work: Awaitable[object], on_signal: Callable[[signal.Sign
     return None
 
 
+def use_torch_threads(n: int) -> None:
+    """torch's intra-op threads for this process (the TORCH_THREADS setting; 0 leaves torch's
+    choice). Called in the service's own process, after a fork server forked it: the server
+    itself must stay single-threaded (OMP_NUM_THREADS=1) to fork safely."""
+    if n > 0:
+        import torch
+
+        torch.set_num_threads(n)
+
+
 def crash_journal(service: str, run: str, state_dir_setting: str, instance: str = ""):
     """The service's crash journal (brigade.crash_loop), looked at first: when it ends in a crash loop
     the service stops here, with the crash_loop line and exit 3, before it loads anything."""

@@ -241,6 +241,9 @@ EXIT_WHEN_FINISHED = Setting(
     flag="--exit-when-finished/--poll-when-finished", env="BRIGADE_EXIT_WHEN_FINISHED")
 DEVICE = Setting("", "cpu, cuda or cuda:N; overrides the run spec's device.", flag="--device",
                  env="BRIGADE_DEVICE")
+TORCH_THREADS = Setting(0, "Threads torch computes with in this process (generation, a training step); 0 = "
+                        "torch's own choice (OMP_NUM_THREADS, else one per core). `brigade up` sets it per service.",
+                        flag="--torch-threads", env="BRIGADE_TORCH_THREADS", low=0, high=1024)
 REWARD_REDIS = Setting(
     "", "Single-node Redis for the rq queue of sandboxed reward functions (brigade:<run>:rewards); only "
     "needed when the run has sandboxed rewards. BRIGADE_RQ_REDIS_URL, else BRIGADE_REDIS_URL "

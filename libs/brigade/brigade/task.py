@@ -1,6 +1,7 @@
 """The task a run spec names, checked before any service starts: the prompt sets read, the reward
 functions resolved and their signatures checked against the dataset's columns, and, for
-conversational prompts, the model's tokenizer loaded and its chat template found. Each problem is
+conversational prompts, the model's chat template rendered (from a local folder's files where
+they suffice, else by loading its tokenizer). Each problem is
 one line naming the dataset, column or function and what to do (`brigade up` prints them and
 exits before starting anything)."""
 
@@ -46,6 +47,8 @@ def reward_problems(spec: pb.RunSpec, columns: list[str] | None) -> list[str]:
 
 
 def template_problems(spec: pb.RunSpec) -> list[str]:
+    if _renders_without_torch(spec):
+        return []
     from brigade.chat import ChatTemplateError, render
     from brigade.model import load_tokenizer
 
@@ -56,3 +59,36 @@ def template_problems(spec: pb.RunSpec) -> list[str]:
     except Exception as e:  # noqa: BLE001 - not cached offline, no such folder, a broken template...
         return [f"model {spec.model!r}: cannot load its tokenizer: {type(e).__name__}: {str(e).splitlines()[0]}"]
     return []
+
+
+def _renders_without_torch(spec: pb.RunSpec) -> bool:
+    """Whether the model's local folder (a converted GGUF, a model folder) has a chat template that
+    renders, read from its files with transformers' jinja renderer alone. Loading the tokenizer
+    imports torch and transformers' models: 5-20 s of `brigade up` before its first service
+    starts, while the fork server imports the same. False (the tokenizer is then loaded) when
+    this cannot tell: a Hub id, a tokenizer with code of its own, no template, a render error."""
+    import json
+    from pathlib import Path
+
+    try:
+        from brigade.gguf_models import converted_dir, gguf_source
+
+        gguf = gguf_source(spec.model)
+        folder = converted_dir(gguf) if gguf else Path(spec.model)
+        config_path = folder / "tokenizer_config.json"
+        if not config_path.is_file():
+            return False
+        config = json.loads(config_path.read_text())
+        jinja = folder / "chat_template.jinja"
+        template = jinja.read_text() if jinja.is_file() else config.get("chat_template")
+        if config.get("auto_map") or not isinstance(template, str):
+            return False
+        from transformers.utils.chat_template_utils import render_jinja_template
+
+        special = {k: (v.get("content") if isinstance(v, dict) else v) for k, v in config.items()
+                   if k.endswith("_token") and isinstance(v, str | dict)}
+        render_jinja_template([[{"role": "user", "content": "hi"}]], chat_template=template,
+                              add_generation_prompt=True, **special)
+        return True
+    except Exception:  # noqa: BLE001 - undecided here: the full check says what is wrong
+        return False

@@ -186,9 +186,13 @@ def up(
     fork: bool = typer.Option(True, "--fork/--no-fork",
                               help="Fork the learner, workers and evaluator from one process that imported torch "
                                    "once (fast start); --no-fork starts each as a fresh python."),
+    threads: str = typer.Option("", "--threads", metavar="LEARNER,WORKER",
+                                help="torch threads of the learner and of each worker (default: every core to "
+                                     "each side with sync, one each async)."),
 ) -> None:
     """Start every service on this machine and show the run's progress until it finishes."""
     launched = time.time()
+    thread_counts = threads_override(threads)
     forker = None
     if fork:  # first of all: it imports torch and the services while the spec is checked
         import atexit
@@ -276,7 +280,7 @@ def up(
         write_endpoint(out_dir, spec.run_id, proxy)
         write_spec(out_dir, spec)
         system.spawn("janitor", ["janitor"])
-        driver, fleet = spawn_training(system, spec, workers, out_dir / "run.yaml")
+        driver, fleet = spawn_training(system, spec, workers, out_dir / "run.yaml", thread_counts)
         if evaluator:
             system.spawn("evaluator", ["evaluator"])
         typer.echo(f"run {spec.run_id}: proxy {proxy}, bucket {system.bucket}, {workers} {fleet}; "
@@ -348,7 +352,7 @@ def up(
     raise typer.Exit(code)
 
 
-def spawn_training(system, spec, n: int, spec_file: Path):
+def spawn_training(system, spec, n: int, spec_file: Path, threads: tuple[int, int] | None = None):
     """The processes that train, by topology: the learner and n rollout workers (central), or the
     aggregator and n local trainers (local_sgd). Returns the one whose exit ends the run, and what
     the n are called."""
@@ -357,10 +361,44 @@ def spawn_training(system, spec, n: int, spec_file: Path):
         for i in range(n):
             system.spawn(f"trainer-{i}", ["trainer", "--trainer-id", f"local-{i}", "--exit-when-finished"])
         return driver, "local trainers"
-    driver = system.spawn("learner", ["learner", "--spec", str(spec_file)])
+    learner_threads, worker_threads = threads or torch_threads(spec, n, _cores())
+    driver = system.spawn("learner", ["learner", "--spec", str(spec_file), "--torch-threads", str(learner_threads)])
     for i in range(n):
-        system.spawn(f"rollout-{i}", ["rollout", "--worker-id", f"local-{i}", "--exit-when-finished"])
+        system.spawn(f"rollout-{i}", ["rollout", "--worker-id", f"local-{i}", "--exit-when-finished",
+                                      "--torch-threads", str(worker_threads)])
     return driver, "rollout workers"
+
+
+def torch_threads(spec, workers: int, cores: int) -> tuple[int, int]:
+    """torch threads of the learner and of each rollout worker: the cores go to whoever computes at
+    the time. With sync the two sides take turns (the workers generate, then the learner trains),
+    so each side gets every core (the workers share them). Async, each worker keeps one thread and
+    the learner takes the cores the workers leave and one more: with automatic lookahead a worker
+    that generates faster than the learner trains waits for each version, and its core is the
+    learner's while it waits (measured on the recipe: 33 s a step against 37 s with one thread
+    each; bench/report.md, "Staleness")."""
+    if spec.sync:
+        return cores, max(1, cores // workers)
+    return max(1, cores - workers + 1), 1
+
+
+def threads_override(text: str) -> tuple[int, int] | None:
+    """--threads LEARNER,WORKER: two counts of at least 1, or "" for the launcher's choice."""
+    if not text:
+        return None
+    try:
+        learner, worker = (int(x) for x in text.split(","))
+    except ValueError:
+        raise typer.BadParameter(f"--threads takes LEARNER,WORKER (two whole numbers), got {text!r}") from None
+    if min(learner, worker) < 1:
+        raise typer.BadParameter(f"--threads: each count must be at least 1, got {text!r}")
+    return learner, worker
+
+
+def _cores() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0))
 
 
 class _Refused(Exception):

@@ -23,7 +23,7 @@ def learner(cfg: LearnerConfig) -> None:
 
     log = configure_logging("learner", cfg.log_level)
     from brigade.config import ConfigError
-    from brigade.service import crash_journal, exit_with
+    from brigade.service import crash_journal, exit_with, use_torch_threads
 
     if not cfg.run:  # no --run / BRIGADE_RUN: the spec file's run, else the default run
         cfg.run = RUN.default
@@ -40,6 +40,7 @@ def learner(cfg: LearnerConfig) -> None:
     from brigade_learner.learner import serve
 
     serve_metrics(cfg.metrics_port, cfg.metrics_host, cfg.metrics_token)
+    use_torch_threads(cfg.torch_threads)
     # stopped before max_steps is not a success, so a supervisor that restarts on failure (a
     # Kubernetes Job after a node drain, compose, systemd) starts it again; 0 means finished
     exit_with(lambda: serve(cfg), log, cfg.proxy, journal)

@@ -25,6 +25,7 @@ from brigade.settings import (
     STATE_DIR,
     TLS_CA,
     TOKEN,
+    TORCH_THREADS,
     TRACKER_DIR,
     fleet_id,
     setting,
@@ -60,6 +61,7 @@ class LearnerConfig:
         "spec's report_to. [default: the run spec's]", env="BRIGADE_REPORT_TO", show_default=False,
         parse=parse_report_to)
     tracker_dir: str = TRACKER_DIR.field()
+    torch_threads: int = TORCH_THREADS.field()
     state_dir: str = STATE_DIR.field()
     metrics_port: int = METRICS_PORT.field()
     metrics_host: str = METRICS_HOST.field()

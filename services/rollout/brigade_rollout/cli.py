@@ -22,7 +22,7 @@ def rollout(cfg: WorkerConfig) -> None:
     import signal
 
     from brigade.log import configure_logging
-    from brigade.service import crash_journal
+    from brigade.service import crash_journal, use_torch_threads
     from brigade.settings import fleet_id
 
     if not cfg.run:
@@ -34,6 +34,7 @@ def rollout(cfg: WorkerConfig) -> None:
     from brigade.prom import serve_metrics
 
     serve_metrics(cfg.metrics_port, cfg.metrics_host, cfg.metrics_token)
+    use_torch_threads(cfg.torch_threads)
     from brigade_rollout.worker import Worker
 
     async def main() -> int:

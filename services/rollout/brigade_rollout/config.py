@@ -24,6 +24,7 @@ from brigade.settings import (
     STATE_DIR,
     TLS_CA,
     TOKEN,
+    TORCH_THREADS,
     fleet_id,
     setting,
 )
@@ -45,6 +46,7 @@ class WorkerConfig:
     max_batches: int = setting(0, "Exit after this many completed batches; 0 = forever.", low=0)
     exit_when_finished: bool = EXIT_WHEN_FINISHED.field()
     device: str = DEVICE.field()  # overrides spec.device
+    torch_threads: int = TORCH_THREADS.field()
     redis_url: str = REWARD_REDIS.field()  # rq queue for sandboxed rewards
     reward_workers: bool = REWARD_WORKERS.field()  # start a local rq worker for them
     state_dir: str = STATE_DIR.field()
