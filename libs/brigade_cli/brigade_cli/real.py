@@ -23,15 +23,16 @@ EVAL_SAMPLES = 4
 EVAL_SEED = 1234
 
 
-def write_recipe(folder: Path, run_id: str, overrides: dict | None = None) -> Path:
-    """The data (train.jsonl, heldout.jsonl) and the run spec (real.yaml) in `folder`; dataset paths
-    are absolute, so `brigade up` may run from anywhere."""
+def write_recipe(folder: Path, run_id: str, overrides: dict | None = None, recipe: str = "short") -> Path:
+    """The data (train.jsonl, heldout.jsonl) and the run spec (real.yaml) of `recipe` (a name in
+    word_problems.RECIPES) in `folder`; dataset paths are absolute, so `brigade up` may run from anywhere."""
     import yaml
 
-    from brigade.recipes.word_problems import DATA_DIR, RUN, write_dataset
+    from brigade.recipes.word_problems import DATA_DIR, RECIPES, write_dataset
 
-    paths = write_dataset(folder / DATA_DIR)
-    spec = _merged(RUN, overrides or {}) | {"run_id": run_id, "dataset": str(paths["train"]),
+    run, system = RECIPES[recipe]
+    paths = write_dataset(folder / DATA_DIR, system=system)
+    spec = _merged(run, overrides or {}) | {"run_id": run_id, "dataset": str(paths["train"]),
                                             "eval_dataset": str(paths["heldout"])}
     path = folder / "real.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
@@ -92,19 +93,25 @@ def real(
     sync: bool = typer.Option(False, "--sync", help="Barrier mode (the synchronous baseline) instead of async."),
     out: str = typer.Option("", "--out", help="Output folder (default ./brigade-runs/real-<date>-<time>)."),
     max_wall: float = typer.Option(2400.0, "--max-wall", help="Stop the run after this many seconds."),
+    recipe: str = typer.Option("short", "--recipe",
+                               help="short: answer with the number, 12 new tokens (training takes most of a step); "
+                                    "gen: work it out first, up to 128 new tokens (generation does)."),
 ) -> None:
     """The real-model recipe: SmolLM2-135M-Instruct on generated word problems, base vs final
     held-out accuracy at the end."""
     import torch
 
+    from brigade.recipes.word_problems import RECIPES
     from brigade.spec_file import build_spec
 
+    if recipe not in RECIPES:
+        raise typer.BadParameter(f"unknown recipe {recipe!r}; choose from {', '.join(RECIPES)}")
     run_id = time.strftime("real-%Y%m%d-%H%M%S") + ("-sync" if sync else "")
     folder = Path(out or f"brigade-runs/{run_id}").resolve()
     overrides: dict = {"sync": True} if sync else {}
     if max_steps:
         overrides["max_steps"] = max_steps
-    spec_path = write_recipe(folder, run_id, overrides)
+    spec_path = write_recipe(folder, run_id, overrides, recipe)
     t0 = time.monotonic()
     up = subprocess.Popen([sys.executable, "-m", "brigade_cli.main", "up", "--spec", str(spec_path),
                            "--out", str(folder / "run"), "-n", str(workers), "--max-wall", str(max_wall)])

@@ -12,7 +12,11 @@ Everything here is torch-free (the proxy reads the dataset, workers import the r
   answer: "Mia has 3 + 5 = 8 pens" counts, "3 + 5 is not 8" does not) and `answer_format` (1 when
   the completion ends with its answer, a number and at most a word after it: what a grader that
   reads the last number needs, and what a rambling completion cut at max_new_tokens lacks);
-- `RUN`, the run spec, tuned on this 2-core machine (see docs/getting-started.md, "A real model").
+- `RUN`, the run spec, tuned on this 2-core machine (see docs/getting-started.md, "A real model"):
+  12 new tokens, so a step's time goes to training, not generation; `RUN_LONG`, the same problems
+  with a system message that lets the model work before it answers and up to 128 new tokens, so
+  generation takes most of a step (the two recipes of `brigade bench real` and `real-gen`).
+  `RECIPES` names both, with the system message each one's data is written with.
 
 Sampled at the recipe's temperature, the base model answers about a quarter of the held-out problems
 right: it knows the sums but often starts explaining and runs out of tokens.
@@ -28,6 +32,8 @@ from pathlib import Path
 SEED = 2024
 HELDOUT_PAIRS = 16
 SYSTEM = "Answer with the number only."
+# the long recipe: room to work, and the answer last, where `correct` reads it
+SYSTEM_LONG = "Solve the problem step by step, then give the final answer as a number on the last line."
 TEMPLATES = [
     "{name} has {a} {item} and gets {b} more. How many {item} does {name} have now?",
     "{name} had {a} {item}. A friend gave {name} {b} more {item}. How many {item} does {name} have?",
@@ -44,9 +50,9 @@ _NUMBER = re.compile(r"-?\d+")
 _ENDS_WITH_ANSWER = re.compile(r"-?\d+(\s+[A-Za-z]+)?\s*[.!]?\s*$")
 
 
-def make_splits(seed: int = SEED) -> dict[str, list[dict]]:
+def make_splits(seed: int = SEED, system: str = SYSTEM) -> dict[str, list[dict]]:
     """{"train": rows, "heldout": rows}; a row is {"prompt": [messages], "answer": int, "a", "b"}.
-    The same seed gives the same rows, in the same order."""
+    The same seed gives the same rows, in the same order, whichever the system message."""
     rng = random.Random(seed)
     pairs = [(a, b) for a in range(1, 10) for b in range(1, 10)]
     rng.shuffle(pairs)
@@ -57,7 +63,7 @@ def make_splits(seed: int = SEED) -> dict[str, list[dict]]:
         for a, b in pairs:
             for _ in range(per_pair):
                 text = rng.choice(TEMPLATES).format(a=a, b=b, name=rng.choice(NAMES), item=rng.choice(ITEMS))
-                out.append({"prompt": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": text}],
+                out.append({"prompt": [{"role": "system", "content": system}, {"role": "user", "content": text}],
                             "answer": a + b, "a": a, "b": b})
         rng.shuffle(out)
         return out
@@ -65,12 +71,12 @@ def make_splits(seed: int = SEED) -> dict[str, list[dict]]:
     return {"train": rows(train, TRAIN_PER_PAIR), "heldout": rows(heldout, HELDOUT_PER_PAIR)}
 
 
-def write_dataset(folder: str | Path, seed: int = SEED) -> dict[str, Path]:
+def write_dataset(folder: str | Path, seed: int = SEED, system: str = SYSTEM) -> dict[str, Path]:
     """train.jsonl and heldout.jsonl in `folder` (what the run spec's dataset fields name)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     paths = {}
-    for split, rows in make_splits(seed).items():
+    for split, rows in make_splits(seed, system).items():
         path = folder / f"{split}.jsonl"
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
         paths[split] = path
@@ -123,3 +129,10 @@ RUN = {
     "rewards": [{"function": "brigade.recipes.word_problems:correct", "weight": 1.0},
                 {"function": "brigade.recipes.word_problems:answer_format", "weight": 0.25}],
 }
+
+# The generation-dominated recipe: the same problems, the model may work for up to 128 tokens and
+# `correct` reads the last number it writes; everything else as RUN, so the two differ in where a
+# step's time goes.
+RUN_LONG = RUN | {"sampling": RUN["sampling"] | {"max_new_tokens": 128}}
+# recipe name -> (its run spec, the system message its data is written with)
+RECIPES = {"short": (RUN, SYSTEM), "gen": (RUN_LONG, SYSTEM_LONG)}
