@@ -267,8 +267,10 @@ async def _create_run(target: str, run: str, prompts: int, lease_seconds: int = 
     from brigade.spec_file import build_spec
     from brigade.v1 import brigade_pb2 as pb
 
+    # no learner consumes the rollouts: a fixed lookahead as wide as the cap lets leases go on forever
     spec = build_spec({"run_id": run, "prompts_per_batch": 1, "batches_per_step": 1,
-                       "staleness": {"max_staleness": 1_000_000, "lease_seconds": lease_seconds, "max_attempts": 3}})
+                       "staleness": {"max_staleness": 1_000_000, "lookahead": 1_000_000,
+                                     "lease_seconds": lease_seconds, "max_attempts": 3}})
     async with ProxyClient.connect(target) as client:
         for _ in range(100):  # the proxy may still be starting
             try:

@@ -142,7 +142,8 @@ async def test_complete_lease_acquires_the_next_in_the_same_call(client):
     """The worker's cycle in one call: CompleteLease with `next` completes, then answers exactly as
     AcquireLease would; a retry completes as a duplicate and acquires again; a refused completion, a
     foreign `next` or one AcquireLease would refuse completes and acquires nothing."""
-    run = await create(client, n_prompts=8, prompts_per_batch=2, staleness={"max_staleness": 10})  # no admission wait
+    run = await create(client, n_prompts=8, prompts_per_batch=2, seed=11,
+                       staleness={"max_staleness": 10})  # no admission wait
     lease = await acquire(client, run)
     ask = pb.AcquireLeaseRequest(run_id=run, worker_id="w1", capacity_class="spot", engine="hf")
     req = pb.CompleteLeaseRequest(run_id=run, lease_id=lease.lease_id, worker_id="w1",

@@ -140,8 +140,6 @@ async def test_admission_cap(q):
     pulled = await q.learner.pull(run, "L", 10)
     # step 0: one batch of a two-batch step makes no step yet
     await q.learner.ack(run, "L", [pulled.rollouts[0][0]], [grants[0].lease.batch.batch_id], [], step=0)
-    assert not (await q.leases.acquire(run, "w5")).granted  # room, but two versions ahead of the newest
-    await q.learner.publish(run, adapter_manifest(run, 1))
     assert (await q.leases.acquire(run, "w5")).granted
 
 
@@ -157,11 +155,12 @@ async def test_sync_barrier(q):
 
 
 async def test_automatic_lookahead_follows_generation_against_training(q):
-    """lookahead 0 = automatic: one version ahead until both times are measured; then
-    ceil(generation / learner busy x slack), capped by max_staleness, and back down when the learner
-    turns out slower than generation. The choice and both averages are in the run's state."""
-    run = await new_run(q, n_prompts=50, staleness={"max_staleness": 3, "lookahead": 0})
-    grants = [await q.leases.acquire(run, "w") for _ in range(2)]  # batches for versions 0 and 1
+    """lookahead 0 = automatic: one version ahead (the batch in training and one more) until both
+    times are measured; then ceil(generation / learner busy x slack) versions, at most
+    max_staleness, and back down when the learner turns out slower than generation. The choice and
+    both averages are in the run's state."""
+    run = await new_run(q, n_prompts=50, staleness={"max_staleness": 4, "lookahead": 0})
+    grants = [await q.leases.acquire(run, "w") for _ in range(2)]
     assert all(g.granted for g in grants)
     refused = await q.leases.acquire(run, "w")
     assert not refused.granted and refused.reason == "lookahead" and 250 <= refused.retry_after_ms <= 500
@@ -169,30 +168,49 @@ async def test_automatic_lookahead_follows_generation_against_training(q):
     assert (state.lookahead, state.generation_s, state.step_busy_s) == (1, 0, 0)
 
     await asyncio.sleep(0.05)  # a batch takes 50 ms to generate; the learner says a step takes 1 ms
-    for step, g in enumerate(grants, 1):  # both trained on (out of the way of the capacity bound)
+    for step, g in enumerate(grants, 1):  # both trained on: nothing outstanding
         await q.leases.complete(run, g.lease.lease_id, "w", manifest(run, g))
         delivered = [d for d, _ in (await q.learner.pull(run, "L", 1)).rollouts]
         await q.learner.ack(run, "L", delivered, [g.lease.batch.batch_id], [], step=step)
     await q.learner.publish(run, adapter_manifest(run, 1), step_busy_s=0.001)
-    more = [await q.leases.acquire(run, "w") for _ in range(4)]
-    # version 1 is the newest: batches up to version 4 (three ahead, the cap) are cut, not one more
-    assert [g.granted for g in more] == [True, True, True, False] and more[-1].reason == "lookahead"
+    more = [await q.leases.acquire(run, "w") for _ in range(5)]
+    # four versions ahead would be 5 batches; the cap's capacity is 5 too: lookahead 4, the cap
+    assert [g.granted for g in more] == [True] * 5
     state = await q.views.run_state(run)
-    assert state.lookahead == 3 and state.generation_s >= 0.05 and state.step_busy_s == 0.001
+    assert state.lookahead == 4 and state.generation_s >= 0.05 and state.step_busy_s == 0.001
 
     for version in range(2, 12):  # steps of 10 s: generation is much faster, one version ahead will do
         await q.learner.publish(run, adapter_manifest(run, version), step_busy_s=10.0)
-    await q.leases.acquire(run, "w")
+    refused = await q.leases.acquire(run, "w")
+    assert not refused.granted and refused.reason == "admission"  # the cap's capacity holds first
+    g = more[0]
+    await q.leases.complete(run, g.lease.lease_id, "w", manifest(run, g))
+    delivered = [d for d, _ in (await q.learner.pull(run, "L", 1)).rollouts]
+    await q.learner.ack(run, "L", delivered, [g.lease.batch.batch_id], [], step=3)
+    refused = await q.leases.acquire(run, "w")  # 4 outstanding: room for 2 at lookahead 1
+    assert not refused.granted and refused.reason == "lookahead"
     state = await q.views.run_state(run)
     assert state.lookahead == 1 and 9.0 < state.step_busy_s <= 10.0
 
 
+async def test_a_rejected_batch_frees_its_room_under_lookahead(q):
+    """Lookahead counts outstanding batches, not batch indexes: a batch the learner rejects (bad
+    rewards, too stale) makes room for its replacement, though no version was published."""
+    run = await new_run(q, n_prompts=50, staleness={"max_staleness": 4, "lookahead": 1})
+    grants = [await q.leases.acquire(run, "w") for _ in range(3)]
+    assert [g.granted for g in grants] == [True, True, False] and grants[2].reason == "lookahead"
+    g = grants[0]
+    await q.leases.complete(run, g.lease.lease_id, "w", manifest(run, g))
+    delivered = [d for d, _ in (await q.learner.pull(run, "L", 1)).rollouts]
+    await q.learner.ack(run, "L", delivered, [], [g.lease.batch.batch_id], step=0)  # rejected
+    assert (await q.leases.acquire(run, "w")).granted
+
+
 async def test_lookahead_counts_versions_with_publish_every(q):
-    """With publish_every 2, two steps' batches train at each version: the bound is in versions."""
+    """With publish_every 2, one version ahead is two steps' batches beyond the one in training."""
     run = await new_run(q, n_prompts=50, publish_every=2, staleness={"max_staleness": 4, "lookahead": 1})
-    grants = [await q.leases.acquire(run, "w") for _ in range(5)]
-    assert [g.granted for g in grants] == [True, True, True, True, False]  # steps 0-3: versions 0 and 1
-    assert grants[-1].reason == "lookahead"
+    grants = [await q.leases.acquire(run, "w") for _ in range(4)]
+    assert [g.granted for g in grants] == [True, True, True, False] and grants[-1].reason == "lookahead"
 
 
 async def test_max_steps_finishes(q):

@@ -67,9 +67,7 @@ T = TypeVar("T")
 # a restart logs at most this many missing steps to its trackers (a GET each): enough for every kill,
 # bounded when a tracker is first turned on late in a long run
 MAX_TRACKER_BACKFILL = 1000
-# while a step's rollouts are slow to come, how often the learner looks whether Redis lost its newest
-# commit (Learner._take)
-REDIS_CHECK_S = 5.0
+REDIS_CHECK_S = 5.0  # while a step's rollouts are slow to come, how often Learner._take looks at Redis
 
 
 def metrics_for_proxy(metrics: dict | None) -> str:
@@ -339,9 +337,9 @@ class Learner:
 
     async def _take(self, version: int) -> StepData:
         """The step's rollouts. While they are slow to come, look every REDIS_CHECK_S whether Redis
-        lost the newest commit (a restart that lost its last second): a lost publish holds the workers
-        at admission's lookahead, waiting for a version this learner already has, and the usual
-        repair, at the next commit, would wait for rollouts that cannot come before it."""
+        lost the newest commit (a restart that lost its last second): a lost ack leaves the batches
+        it consumed counted as outstanding work, which can fill admission's lookahead room, and the
+        usual repair, at the next commit, would wait for rollouts that cannot come before it."""
         take = asyncio.ensure_future(self.prefetch.take(version))
         try:
             while not (await asyncio.wait({take}, timeout=REDIS_CHECK_S))[0]:
