@@ -4,6 +4,10 @@ tests/integration/test_real_model.py."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -56,14 +60,29 @@ def test_a_file_that_is_not_gguf_is_one_line(tmp_path, monkeypatch):
     assert "\n" not in str(e.value)
 
 
-def test_the_cache_folder_changes_with_the_file(tmp_path):
+def test_the_cache_folder_is_keyed_by_the_files_content(tmp_path, monkeypatch):
+    """The same bytes at another path (a second virtualenv's copy of the package) find the folder
+    the first conversion wrote; different bytes get another; a touched file is hashed again."""
+    import os
+    import shutil
+
+    from brigade.gguf_models import DIGESTS, MARKER, file_sha256
+
+    monkeypatch.setenv("BRIGADE_CACHE", str(tmp_path / "cache"))
     path = write_gguf(tmp_path / "m.gguf", "llama")
     first = converted_dir(path)
     assert converted_dir(path) == first  # stable
+    first.mkdir(parents=True)
+    (first / MARKER).write_text("{}")  # as a finished conversion leaves it
+    (tmp_path / "venv2").mkdir()
+    copy = shutil.copy(path, tmp_path / "venv2" / "renamed.gguf")
+    assert converted_dir(Path(copy)) == first
     write_gguf(path, "llama")
-    path.touch()
-    import os
-
+    with open(path, "ab") as f:
+        f.write(b"\0")  # other bytes
+    assert converted_dir(path) != first
+    digests = tmp_path / "cache" / "models" / DIGESTS
+    assert len(json.loads(digests.read_text())) == 3  # one stamp per (path, size, mtime) read
     st = path.stat()
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
-    assert converted_dir(path) != first
+    assert file_sha256(path) == hashlib.sha256(path.read_bytes()).hexdigest()  # read again, same digest

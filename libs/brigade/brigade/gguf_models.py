@@ -8,9 +8,12 @@ each time), vLLM's LoRA path wants a Hugging Face folder, and `save_pretrained` 
 loaded from GGUF. So the first service to ask converts (float32 weights: the dequantized values
 exactly), the others wait on a lock and reuse the folder.
 
-The cache folder is `BRIGADE_CACHE/models/gguf-<name>-<key>`, the key a hash of the file's path,
-size and modification time: a changed file gets a new folder. It is written under a temporary
-name and renamed into place, so a crash leaves no half-written model. Torch and transformers are
+The cache folder is `BRIGADE_CACHE/models/gguf-<name>-<key>`, the key a hash of the file's
+content (its sha256): a changed file gets a new folder, and the same file installed by a second
+virtualenv, or renamed, finds the folder the first one wrote. The digest of a file is remembered
+per path, size and modification time (`gguf-digests.json` beside the folders), so a service start
+reads the 270 MB again only when the file changed. A folder is written under a temporary name and
+renamed into place, so a crash leaves no half-written model. Torch and transformers are
 imported only when a conversion runs: the proxy and `ctl` can call `gguf_source` freely.
 """
 
@@ -59,15 +62,48 @@ def gguf_source(model: str) -> Path | None:
     return Path(files[0].locate()).resolve()
 
 
-def cache_key(path: Path) -> str:
+DIGESTS = "gguf-digests.json"
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of the file's bytes, read once per (path, size, mtime) and then remembered in
+    DIGESTS. Concurrent writers of the index may each drop the other's entry: that costs a re-read,
+    never a wrong digest (an entry is only ever the digest of the stamp it is stored under)."""
+    index = cache_dir() / "models" / DIGESTS
     st = path.stat()
-    raw = f"{CONVERT_VERSION}|{path}|{st.st_size}|{st.st_mtime_ns}"
-    return hashlib.sha256(raw.encode()).hexdigest()[:16]
+    stamp = f"{path}|{st.st_size}|{st.st_mtime_ns}"
+    try:
+        known = json.loads(index.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if isinstance(known.get(stamp), str):
+        return known[stamp]
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    known[stamp] = digest.hexdigest()
+    index.parent.mkdir(parents=True, exist_ok=True)
+    tmp = index.with_name(f"{DIGESTS}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(known, indent=1))
+    tmp.replace(index)
+    return known[stamp]
+
+
+def cache_key(path: Path) -> str:
+    return hashlib.sha256(f"{CONVERT_VERSION}|{file_sha256(path)}".encode()).hexdigest()[:16]
 
 
 def converted_dir(path: Path) -> Path:
+    """The folder of the conversion of these bytes: an existing complete one under any name (the
+    file may have been installed or renamed elsewhere), else one named after this file."""
+    key = cache_key(path)
+    models = cache_dir() / "models"
+    for found in sorted(models.glob(f"gguf-*-{key}")):
+        if (found / MARKER).exists():
+            return found
     stem = "".join(c if c.isalnum() or c in "._-" else "-" for c in path.stem)[:60]
-    return cache_dir() / "models" / f"gguf-{stem}-{cache_key(path)}"
+    return models / f"gguf-{stem}-{key}"
 
 
 def gguf_architecture(path: Path) -> str:
@@ -77,6 +113,16 @@ def gguf_architecture(path: Path) -> str:
     reader = GGUFReader(str(path))
     field = reader.fields["general.architecture"]
     return bytes(field.parts[field.data[0]]).decode()
+
+
+def gguf_general(path: Path) -> dict[str, str]:
+    """The header's `general.*` text fields (name, organization, license, ...): what the file says it
+    is, for an exported model's card. Metadata only."""
+    from gguf import GGUFReader, GGUFValueType
+
+    return {key: bytes(field.parts[field.data[0]]).decode(errors="replace")
+            for key, field in GGUFReader(str(path)).fields.items()
+            if key.startswith("general.") and field.types == [GGUFValueType.STRING]}
 
 
 def _log(message: str) -> None:
@@ -121,8 +167,9 @@ def _convert(source: Path, out: Path, log) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         _write_folder(source, tmp)
-        (tmp / MARKER).write_text(json.dumps({"source": str(source), "architecture": arch,
-                                              "size_bytes": source.stat().st_size, "version": CONVERT_VERSION,
+        (tmp / MARKER).write_text(json.dumps({"source": str(source), "sha256": file_sha256(source),
+                                              "architecture": arch, "size_bytes": source.stat().st_size,
+                                              "version": CONVERT_VERSION,
                                               "seconds": round(time.monotonic() - t0, 1)}, indent=2) + "\n")
         shutil.rmtree(out, ignore_errors=True)  # a folder without its marker: an interrupted older layout
         tmp.rename(out)
