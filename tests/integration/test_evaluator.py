@@ -1,6 +1,6 @@
 """The evaluator against a real Redis, a real bucket and a real (tiny) model and PEFT adapter:
 versions are scored on held-out prompts, results land once in the bucket and in Redis, and the
-watcher enqueues exactly the eval_every-th published versions as rq jobs."""
+watcher enqueues exactly the eval_every-th published versions and the run's last as rq jobs."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from brigade import adapters, keys
 from brigade.bucket import open_bucket
 from brigade.model import attach_lora, load_base
 from brigade.store import Store
-from brigade_evaluator.cli import eval_queue, should_evaluate, watch
+from brigade_evaluator.cli import watch
 from brigade_evaluator.evaluate import _evaluate
 from brigade_testing.tiny import tiny_model, tiny_spec
 
@@ -40,9 +40,11 @@ async def _publish(store: Store, bucket_url: str, spec, version: int) -> None:
     await store.learner.publish(spec.run_id, manifest)
 
 
-def test_should_evaluate():
-    assert [v for v in range(8) if should_evaluate(v, 3)] == [3, 6]
-    assert not any(should_evaluate(v, 0) for v in range(5))
+def test_the_evaluator_scores_every_nth_version_and_the_last():
+    assert [v for v in range(8) if keys.evaluates(v, v, 3, 0)] == [3, 6]
+    assert [v for v in range(8) if keys.evaluates(v, v, 3, 7)] == [3, 6, 7]  # step 7 of 7: the run's last
+    assert [v for v in range(5) if keys.evaluates(v, 2 * v, 3, 8)] == [3, 4]  # publish_every 2: v4 is step 8
+    assert not any(keys.evaluates(v, v, 0, 4) for v in range(5))
 
 
 async def test_evaluate_scores_a_version_and_writes_once(redis_url, file_bucket_url, model_dir):
@@ -74,10 +76,10 @@ async def test_watcher_enqueues_every_nth_version_and_the_job_runs(redis_cluster
     single-node Redis (rq cannot use a cluster), the job told both."""
     from brigade_testing.tiny import demo_prompts
 
-    spec = tiny_spec(model_dir, run_id="eval-b", dataset="demo", eval_dataset="demo:heldout", eval_every=2)
+    spec = tiny_spec(model_dir, run_id="eval-b", dataset="demo", eval_dataset="demo:heldout", eval_every=2, max_steps=5)
     store = Store(redis_cluster_url)
     await store.runs.create(spec, demo_prompts(8))
-    for version in (1, 2, 3, 4):
+    for version in (1, 2, 3, 4, 5):
         await _publish(store, file_bucket_url, spec, version)
 
     import structlog
@@ -86,20 +88,20 @@ async def test_watcher_enqueues_every_nth_version_and_the_job_runs(redis_cluster
         await watch(redis_cluster_url, file_bucket_url, "eval-b", structlog.get_logger())
     task = asyncio.create_task(watch(redis_cluster_url, file_bucket_url, "eval-b", structlog.get_logger(), redis_url))
     conn = Redis.from_url(redis_url)
-    rq_queue = RqQueue(eval_queue("eval-b"), connection=conn)
+    rq_queue = RqQueue(keys.eval_queue("eval-b"), connection=conn)
     for _ in range(100):
-        if len(rq_queue.job_ids) >= 2:
+        if len(rq_queue.job_ids) >= 3:
             break
         await asyncio.sleep(0.05)
     await asyncio.sleep(0.3)  # would a wrong version slip in behind them?
     task.cancel()
-    assert sorted(rq_queue.job_ids) == ["eval-eval-b-v2", "eval-eval-b-v4"]
+    assert sorted(rq_queue.job_ids) == ["eval-eval-b-v2", "eval-eval-b-v4", "eval-eval-b-v5"]  # v5: the last
     # run the queued jobs with the worker `brigade evaluator` starts (SimpleWorker), in burst mode
     worker = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "rq.cli", "worker", "--burst", "--url", redis_url, "--worker-class",
-        "rq.worker.SimpleWorker", eval_queue("eval-b"))
+        "rq.worker.SimpleWorker", keys.eval_queue("eval-b"))
     assert await asyncio.wait_for(worker.wait(), 240) == 0
     evals = await store.redis.hgetall(keys.RunKeys("eval-b").evals)
-    assert sorted(int(v) for v in evals) == [2, 4]
+    assert sorted(int(v) for v in evals) == [2, 4, 5]
     conn.close()
     await store.close()

@@ -183,6 +183,22 @@ def eval_key(run: str, version: int) -> str:
     return f"runs/{run}/evals/v{version:08d}.json"
 
 
+def eval_queue(run: str) -> str:
+    """The rq queue of a run's evaluation jobs (the evaluator's watcher fills it, its worker drains it)."""
+    return f"brigade-evals:{run}"
+
+
+def eval_job_id(run: str, version: int) -> str:
+    """One job per version: a second enqueue of it is a no-op, and `brigade up` finds it by this id."""
+    return f"eval-{run}-v{version}"
+
+
+def evaluates(version: int, step: int, eval_every: int, max_steps: int) -> bool:
+    """Whether the evaluator scores adapter `version` (published at learner `step`): every
+    `eval_every`-th, and the run's last, so a run always ends with a held-out score."""
+    return eval_every > 0 and version > 0 and (version % eval_every == 0 or (max_steps > 0 and step >= max_steps))
+
+
 def metrics_key(run: str, step: int) -> str:
     return f"runs/{run}/metrics/step-{step:08d}.json"
 

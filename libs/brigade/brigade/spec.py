@@ -123,6 +123,9 @@ FIELDS: tuple[Field, ...] = (
     Field("report_to", [], "experiment trackers the learner's steps and the evaluator's scores go to "
           "(`pip install 'brigade[wandb]'` etc.); the learner's `--report-to` overrides it",
           choices=("wandb", "tensorboard", "trackio")),
+    Field("push_to_hub", False, "`brigade up`: when the run finishes, export the final adapter (`brigade export`) "
+          "and upload it to `hub_model_id` (a Hugging Face token: HF_TOKEN or `hf auth login`)"),
+    Field("hub_model_id", "", "the Hub repository `push_to_hub` uploads to; empty = the run id"),
     Field("sync", False, "barrier mode (the synchronous baseline): a batch for v waits until v is published"),
     Field("topology", "central", "`central`: one learner, rollout workers; `local_sgd`: local trainers each take "
           "`local_sgd.local_steps` GRPO steps, an aggregator merges their adapters (DiLoCo)",

@@ -115,6 +115,9 @@ class _TensorBoard:
 
 class _Trackio:
     def __init__(self, run_id: str, config: dict, directory: str, role: str):
+        # trackio keeps its SQLite store under TRACKIO_DIR, read once at import: beside the other
+        # trackers' files unless the user chose a place (`TRACKIO_DIR=... trackio show` reads it)
+        os.environ.setdefault("TRACKIO_DIR", os.path.join(os.path.abspath(directory), "trackio"))
         import trackio
 
         with _quiet("trackio"):

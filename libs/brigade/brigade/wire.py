@@ -131,6 +131,7 @@ WIRE_BOUNDS: dict[str, Bound] = {
     "RewardSpec.function": Bound(MAX_ID_CHARS, "a reward function's name", printable=True),
     "RewardSpec.kwargs": Bound(MAX_TEXT, "a reward factory's arguments, a JSON object"),
     "RunSpec.revision": Bound(MAX_ID_CHARS, "a model branch, tag or commit", printable=True),
+    "RunSpec.hub_model_id": Bound(MAX_ID_CHARS, "a Hub repository id", printable=True),
     **{f"RunSpec.{f}": Bound(MAX_ID_CHARS, "a dataset split, column or configuration name", printable=True)
        for f in ("dataset_split", "eval_split", "prompt_column", "dataset_config")},
     "LoraSpec.target_modules": Bound(256, "module names", unit="entries"),

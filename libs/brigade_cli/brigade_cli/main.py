@@ -42,6 +42,7 @@ LOCAL_COMMANDS = {
     "up": "brigade_cli.up:up",
     "cost": "brigade_cli.cost:cost",
     "real": "brigade_cli.real:real",
+    "export": "brigade_cli.export:export",
     "migrate-keys": "brigade_cli.migrate:migrate_keys",
 }
 SUB_APPS = {

@@ -136,8 +136,8 @@ def real(
     hf_logging.disable_progress_bar()
     warnings.filterwarnings("ignore", category=FutureWarning)  # transformers' deprecations, not ours to act on
     spec = build_spec(path=str(spec_path))
-    states = {0: None} | ({version: final_adapter(f"file://{folder / 'run' / 'bucket'}", run_id, version)}
-                          if version else {})
+    bucket = f"file://{folder / 'run' / 'bucket'}"
+    states = {0: None} | ({version: final_adapter(bucket, run_id, version)} if version else {})
     acc = heldout_accuracy(spec, states)
     result = {"run": run_id, "outcome": summary.get("outcome"), "steps": summary.get("steps"),
               "minutes": round(minutes, 1), "heldout_base": round(acc[0], 4),
@@ -147,5 +147,9 @@ def real(
     typer.echo(f"held-out accuracy: base {acc[0]:.3f} -> final (v{version}) {acc[version]:.3f} "
                f"({100 * (acc[version] - acc[0]):+.1f} points) in {minutes:.1f} min")
     typer.echo(f"plots: {folder / 'run' / 'curves_vs_step.png'}, {folder / 'run' / 'curves_vs_wall_clock.png'}")
+    if version:
+        from brigade_cli.export import export_command
+
+        typer.echo(f"final adapter: v{version}; take it out with: {export_command(run_id, bucket)}")
     typer.echo(json.dumps(result))
     raise typer.Exit(code)

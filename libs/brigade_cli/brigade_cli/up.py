@@ -9,9 +9,9 @@ with that service's last line; stops the run when it makes no progress while bat
 with the cause; stops everything it started on exit, Ctrl-C or SIGTERM; and leaves summary.json,
 metrics.jsonl, plots, logs and a snapshot that `brigade ctl` reads in the run's output folder.
 
-Exit status: 0 the run reached max_steps; 1 a service kept dying or would not start again, or the
-run stalled; 2 a bad spec, file or run id (nothing was started); 3 --max-wall was reached; 128+N
-stopped by signal N (130 for Ctrl-C, 143 for SIGTERM).
+Exit status: 0 the run reached max_steps; 1 a service kept dying or would not start again, the
+run stalled, or the spec's push_to_hub failed; 2 a bad spec, file or run id (nothing was
+started); 3 --max-wall was reached; 128+N stopped by signal N (130 for Ctrl-C, 143 for SIGTERM).
 """
 
 from __future__ import annotations
@@ -179,6 +179,9 @@ def up(
     stall_s: float = typer.Option(60.0, "--stall-timeout",
                                   help="Stop when no step was trained for this long while batches keep failing."),
     evaluator: bool = typer.Option(True, "--evaluator/--no-evaluator", help="Start the evaluator."),
+    eval_timeout: float = typer.Option(300.0, "--eval-timeout",
+                                       help="When the run finishes, wait this long for the evaluations it requested "
+                                            "(the last version's included) before stopping the evaluator."),
     redis_url: settings.RedisUrl = "",
     bucket: settings.BucketUrl = "",
     port: int = typer.Option(0, "--port", help="Proxy port (default: a free one)."),
@@ -337,6 +340,11 @@ def up(
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the ordered stop short
         stopping = time.monotonic()
         if created:  # training stopped first, so the last read and the snapshot agree with each other
+            system.stop_services(keep=("proxy", "janitor", "evaluator"))
+            if outcome == "finished":  # the last held-out point: the evaluations the run requested
+                from brigade_cli.finish import wait_for_evaluator
+
+                wait_for_evaluator(system, spec, _state_now(system, token, spec.run_id, state), eval_timeout)
             system.stop_services(keep=("proxy", "janitor"))
             metrics, state, evals = _final_read(system, token, spec.run_id, out_dir, metrics, state, evals)
         wall = time.monotonic() - started
@@ -348,7 +356,12 @@ def up(
                   "shutdown_s": round(time.monotonic() - stopping, 2)}
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if created:  # a refused run leaves the folder of the run it collided with as it was
+        from brigade_cli.finish import final_adapter_line, push_final
+
         _write_results(out_dir, spec, metrics, state, evals, wall, outcome, started_unix, timing)
+        typer.echo(final_adapter_line(spec, state, evals, system.bucket))
+        if outcome == "finished" and spec.push_to_hub and not push_final(spec, system.bucket, out_dir):
+            code = EXIT_FAILED
     raise typer.Exit(code)
 
 
@@ -432,6 +445,14 @@ def write_spec(out_dir: Path, spec) -> None:
 
     (out_dir / "run.json").write_text(json.dumps(spec_to_dict(spec), indent=2))
     (out_dir / "run.yaml").write_text(yaml.safe_dump(spec_to_dict(spec), sort_keys=False))
+
+
+def _state_now(system, token: str, run: str, state):
+    """The run's state as the proxy has it now (the last poll may predate the final step)."""
+    try:
+        return asyncio.run(poll_run(system.proxy, token, run))[1]
+    except Exception:  # noqa: BLE001 - best effort: the proxy may be what failed
+        return state
 
 
 def _final_read(system, token: str, run: str, out_dir: Path, metrics, state, evals):

@@ -199,6 +199,8 @@ class LocalSystem:
         env = dict(process_env(self.base_env), BRIGADE_REDIS_URL=self.redis_url, BRIGADE_BUCKET=self.bucket,
                    BRIGADE_PROXY=self.proxy, BRIGADE_LISTEN=self.proxy, BRIGADE_TOKEN=self.token,
                    BRIGADE_STATE_DIR=str(self.root / "state"))
+        # the trackers' files (TensorBoard, W&B offline, trackio) in the run's folder, not the caller's cwd
+        env.setdefault("BRIGADE_TRACKER_DIR", str(self.root / "trackers"))
         if self.run:
             env["BRIGADE_RUN"] = self.run
         if self.rq_url:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import typer
 from prometheus_client import Counter
 
+from brigade import keys
 from brigade.settings import (
     BUCKET,
     LOG_LEVEL,
@@ -29,16 +30,7 @@ from brigade.settings import (
     setting,
 )
 
-QUEUE = "brigade-evals"
 QUEUED = Counter("brigade_evaluator_evaluations_queued_total", "Evaluation jobs queued (one per evaluated version)")
-
-
-def eval_queue(run: str) -> str:
-    return f"{QUEUE}:{run}"
-
-
-def should_evaluate(version: int, eval_every: int) -> bool:
-    return eval_every > 0 and version > 0 and version % eval_every == 0
 
 
 async def watch(redis_url: str, bucket: str, run: str, log, rq_url: str = "") -> None:
@@ -47,7 +39,7 @@ async def watch(redis_url: str, bucket: str, run: str, log, rq_url: str = "") ->
     from brigade.redis_clients import rq_client
     from brigade.store import Store
 
-    rq_queue = RqQueue(eval_queue(run), connection=rq_client(rq_url or redis_url))
+    rq_queue = RqQueue(keys.eval_queue(run), connection=rq_client(rq_url or redis_url))
     store = Store(redis_url, max_connections=4, blocking_connections=1)
     try:
         await store.runs.check_layout()
@@ -60,10 +52,10 @@ async def watch(redis_url: str, bucket: str, run: str, log, rq_url: str = "") ->
         async for event in store.views.events(run, from_start=True):
             if event.type != "AdapterPublished":
                 continue
-            version = int(event.attrs.get("version", "0"))
-            if not should_evaluate(version, spec.eval_every):
+            version, step = int(event.attrs.get("version", "0")), int(event.attrs.get("step", "0"))
+            if not keys.evaluates(version, step, spec.eval_every, spec.max_steps):
                 continue
-            job_id = f"eval-{run}-v{version}"
+            job_id = keys.eval_job_id(run, version)
             if rq_queue.fetch_job(job_id) is None:
                 rq_queue.enqueue("brigade_evaluator.evaluate.evaluate", run, version, bucket, redis_url, rq_url,
                                  job_id=job_id, job_timeout=600, result_ttl=86400, failure_ttl=86400)
@@ -136,7 +128,7 @@ def evaluator(s: EvaluatorSettings) -> None:
             if s.worker:
                 # SimpleWorker: jobs run in the worker process, so the base model loads once, not per job
                 child = subprocess.Popen([sys.executable, "-m", "brigade.rq_worker", "--url", rq_url, "--quiet",
-                                          "--service", "evaluator", "--simple", eval_queue(s.run)], env=os.environ,
+                                          "--service", "evaluator", "--simple", keys.eval_queue(s.run)], env=os.environ,
                                          preexec_fn=die_with_parent)
             asyncio.run(watch(s.redis_url, s.bucket, s.run, log, rq_url))
         except KeyboardInterrupt:
