@@ -21,6 +21,7 @@ from google.protobuf.message import Message
 
 from brigade.config import ConfigError
 from brigade.spec import BY_PATH, FIELDS, SECTIONS, assign, refuse, short_repr, validate_spec
+from brigade.trl_names import TRL_NAMES, from_trl_names
 from brigade.v1 import brigade_pb2 as pb
 
 # "Failed to parse seed field: Value out of range: -1 at RunSpec.seed." -> "Value out of range: -1"
@@ -73,9 +74,11 @@ def _parse_fields(data: Any, holder: Message, section: str, prefix: str, problem
         return
     declared = {f.name: f for f in FIELDS if f.section == section}
     nested = SECTIONS if section == "" else ()
+    # at the top level, a misspelt TRL name is suggested as TRL spells it (brigade.trl_names)
+    trl = TRL_NAMES if section == "" else ()
     for key in map(str, data):  # YAML keys may be numbers
         if key not in declared and key not in nested:
-            problems.append(_unknown(prefix, key, [*declared, *nested]))
+            problems.append(_unknown(prefix, key, [*declared, *nested, *trl]))
     for name, field in declared.items():
         if name == "rewards":
             continue  # a list of sections, parsed by parse_spec
@@ -105,9 +108,9 @@ def parse_spec(data: Mapping[str, Any]) -> pb.RunSpec:
 
 def build_spec(overrides: dict[str, Any] | None = None, path: str | Path | None = None) -> pb.RunSpec:
     """The declared defaults, then the file at `path`, then `overrides`; parsed and validated."""
-    data = read_spec_file(path) if path is not None else {}
+    data = from_trl_names(read_spec_file(path)) if path is not None else {}
     if overrides:
-        data = merge_spec_data(data, overrides)
+        data = merge_spec_data(data, from_trl_names(overrides))
     spec = parse_spec(data)
     validate_spec(spec)
     return spec
