@@ -307,6 +307,11 @@ class RewardSet:
         rejected = {f.name: why for f, (_, why) in zip(self.functions, results, strict=True) if why}
         scores = Scores(self.names, [values for values, _ in results], [f.weight for f in self.functions],
                         rejected, dict(rlog.metrics), self._extra(rlog, len(call.completions)))
+        for name, values in zip(self.names, scores.parts, strict=True):
+            if name not in rejected and values and all(v is None for v in values):
+                # None means "does not apply": legal, but a function that never applies adds nothing
+                log.warning("reward function returned None for every completion of the batch", reward=name,
+                            completions=len(values))
         if rejected:
             self.rejected += 1
         elif (i := next((i for i, t in enumerate(scores.total) if t is None), None)) is not None:

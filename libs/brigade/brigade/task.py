@@ -28,6 +28,8 @@ def check_task(spec: pb.RunSpec) -> list[pb.Prompt]:
             problems.append(f"eval: {e}")
     columns = sorted({k for p in prompts for k in row_columns(p)}) if prompts else None
     problems += reward_problems(spec, columns)
+    if prompts and not problems:
+        problems += reward_call_problems(spec, prompts[:SMOKE_ROWS])
     if any(p.messages_json for p in prompts):
         problems += template_problems(spec)
     refuse(problems)
@@ -43,6 +45,46 @@ def reward_problems(spec: pb.RunSpec, columns: list[str] | None) -> list[str]:
             usable(r.function, r.kwargs, columns, device="cpu", trust_remote_code=spec.trust_remote_code)
         except ValueError as e:
             out.append(f"rewards[{i}]: {e}")
+    return out
+
+
+# rows of the dataset each reward function is called on before a run starts
+SMOKE_ROWS = 2
+
+
+def reward_call_problems(spec: pb.RunSpec, prompts: list[pb.Prompt]) -> list[str]:
+    """Each reward function called once, as TRL calls it, on the first rows of the dataset with an
+    empty completion (which any batch may hold: a model may stop at once). One that raises or
+    returns something unusable would have every batch it scores left unscored, so it is refused
+    now, in seconds, with its own error. One that returns None for every completion is a warning
+    (printed, and `reward/<fn>/none_frac` in the learner's metrics), since None means "does not
+    apply". Reward models and sandboxed functions are not called here (they load on the workers)."""
+    import asyncio
+    import sys
+    from types import SimpleNamespace
+
+    from brigade.code_policy import BUILTINS
+    from brigade.reward_call import RewardCall, TrainerState
+    from brigade.rewards import RewardSet
+
+    plain = [r for r in spec.rewards if not r.sandboxed and (":" in r.function or r.function in BUILTINS)]
+    if not plain:
+        return []
+    rewards = RewardSet.from_specs(plain, None, device="cpu", trust_remote_code=spec.trust_remote_code)
+    samples = [SimpleNamespace(group=i, completion_ids=[]) for i in range(len(prompts))]
+    call = RewardCall.for_samples(prompts, samples, [""] * len(samples), TrainerState(max_steps=spec.max_steps))
+    from structlog.testing import capture_logs
+
+    with capture_logs():  # the rejection is reported below, in the check's words, not as a batch's
+        scores = asyncio.run(rewards.score(call))
+    out = [f"rewards: reward function {name!r} {why} when called on dataset row(s) 1-{len(prompts)} with an "
+           "empty completion; a reward function must score any completion (None skips one)"
+           for name, why in scores.rejected.items()]
+    for name, values in zip(scores.names, scores.parts, strict=True):
+        if name not in scores.rejected and all(v is None for v in values):
+            print(f"warning: reward function {name!r} returned None for every completion of the check; if it "
+                  "does so in training, it adds nothing (reward/<fn>/none_frac in the metrics counts it)",
+                  file=sys.stderr, flush=True)
     return out
 
 

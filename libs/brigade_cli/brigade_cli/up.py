@@ -27,6 +27,7 @@ from pathlib import Path
 import typer
 
 from brigade import settings
+from brigade_cli.finish import reward_failure, stall_cause
 from brigade_cli.live import Progress
 from brigade_cli.plots import heldout_score
 
@@ -34,6 +35,9 @@ from brigade_cli.plots import heldout_score
 MAX_RESTARTS = 3
 # a stall is this many failed batches and no step: one stale rejection before a slow step is not
 STALL_MIN_FAILURES = 3
+# a new run whose first this-many batches a reward function left unscored stops at once, with that
+# function's error: it would fail every batch, and the stall timeout is a minute of nothing
+FAIL_FAST_BATCHES = 2
 EXIT_FINISHED, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_MAX_WALL = 0, 1, 2, 3
 
 
@@ -152,17 +156,6 @@ def summarize(run: str, metrics: list[dict], state, wall_s: float, outcome: str,
 def _refuse(message: str) -> None:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(EXIT_BAD_INPUT)
-
-
-def _stall_cause(system, state) -> str:
-    """Why batches fail: the newest warning of the learner and of each worker."""
-    lines = []
-    if state is not None:
-        lines.append(f"{state.rejected} batches rejected by the learner, {state.deadlettered} dead-lettered")
-    for name, svc in system.services.items():
-        if name in ("learner", "aggregator") or name.startswith(("rollout", "trainer")):
-            lines += [f"{name}: {problem}" for problem in svc.last_problems()]
-    return "\n  ".join(lines)
 
 
 def up(
@@ -310,6 +303,9 @@ def up(
             heldout = next((heldout_score(e) for _, e in reversed(evals)), None)
             progress.show(metrics, shown, live, heldout)
             failed = state.rejected + state.deadlettered
+            if not resume and not metrics and failed >= FAIL_FAST_BATCHES and (cause := reward_failure(system)):
+                failure = f"the first {failed} batches were left unscored by a reward function: {cause}"
+                break
             if len(metrics) > shown:
                 shown, failed_at_step, failing_since = len(metrics), failed, None
             elif failed > failed_at_step and failing_since is None:
@@ -317,7 +313,7 @@ def up(
             if (failing_since is not None and failed - failed_at_step >= STALL_MIN_FAILURES
                     and time.monotonic() - failing_since > stall_s):
                 failure = (f"no step trained in the {stall_s:.0f}s since batches began to fail:\n  "
-                           f"{_stall_cause(system, state)}")
+                           f"{stall_cause(system, state)}")
                 break
         if failure:
             # every service that died, newest problems first in its log: the cause, not a symptom

@@ -2,7 +2,8 @@
 sent: the one fake in the export tests, because the Hub cannot be reached from here. Point
 huggingface_hub at it with HF_ENDPOINT. It implements only what `HfApi.create_repo` and
 `upload_folder` call for small files (create, the model card's YAML check, preupload answering
-"regular" so no LFS or Xet transfer is asked for, commit with the files inline); any other call is recorded and answered 404,
+"regular" so no LFS or Xet transfer is asked for, commit with the files inline), and `model_info`
+for the ids in `models` (what `brigade up` asks before it starts); any other call is recorded and answered 404,
 so a client that needs more fails loudly instead of passing by accident."""
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class FakeHub:
         self.repos: dict[str, dict] = {}
         self.commits: list[Commit] = []
         self.unknown: list[str] = []  # "METHOD path" of every call it does not implement
+        self.models: set[str] = set()  # repository ids model_info finds (any revision)
         hub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -64,6 +66,9 @@ class FakeHub:
                 self._unknown()
 
             def do_GET(self) -> None:
+                parts = self.path.split("?")[0].strip("/").split("/")
+                if parts[:2] == ["api", "models"] and "/".join(parts[2:4]) in hub.models:  # model_info
+                    return self._json({"id": "/".join(parts[2:4]), "sha": "0" * 40, "siblings": []})
                 self._unknown()
 
             def _unknown(self) -> None:

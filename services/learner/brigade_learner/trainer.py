@@ -289,7 +289,9 @@ def reward_stats(rollouts: list[Rollout]) -> dict[str, float]:
             parts.setdefault(name, []).append(r.reward_parts[:, k].float())
     for name, cols in parts.items():
         col = torch.cat(cols)
-        col = col[torch.isfinite(col)]
+        scored = torch.isfinite(col)
+        out[f"reward/{name}/none_frac"] = 1.0 - scored.float().mean().item()  # the function returned None
+        col = col[scored]
         if col.numel():
             out[f"reward/{name}/mean"] = col.mean().item()
             out[f"reward/{name}/std"] = col.std(correction=0).item()
