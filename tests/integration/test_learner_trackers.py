@@ -107,7 +107,7 @@ async def test_trackers_hold_every_step_once_across_restarts(tmp_path, redis_url
 
         acc = EventAccumulator(str(tracker_dir / "tensorboard" / run), size_guidance={"tensors": 0})
         acc.Reload()
-        assert [e.step for e in acc.Tensors("reward_mean")] == everything
+        assert [e.step for e in acc.Tensors("reward")] == everything
         assert json.loads((tracker_dir / "tensorboard" / run / "config.json").read_text())["run_id"] == run
     if "wandb" in TRACKERS:
         files = sorted((tracker_dir / "wandb").glob(f"offline-run-*-{run}/run-{run}.wandb"))

@@ -108,6 +108,6 @@ def test_a_reward_that_returns_none_for_everything_is_a_warning_and_a_metric(fol
     assert "warning: reward function 'rw:all_none' returned None for every completion" in proc.stderr
     metrics = [json.loads(line) for line in next(folder.glob("brigade-runs/*/metrics.jsonl")).read_text().splitlines()]
     assert len(metrics) == 3
-    assert all(m["reward/rw:all_none/none_frac"] == 1.0 and m["reward/demo_sum/none_frac"] == 0.0 for m in metrics)
+    assert all(m["rewards/all_none/none_frac"] == 1.0 and m["rewards/demo_sum/none_frac"] == 0.0 for m in metrics)
     worker_log = next(folder.glob("brigade-runs/*/logs/rollout-0.log")).read_text()
     assert "reward function returned None for every completion of the batch" in worker_log

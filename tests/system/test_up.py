@@ -53,7 +53,15 @@ def test_brigade_up_runs_the_demo_end_to_end(tmp_path):
     assert 0 <= summary["mean_staleness"] <= 4        # the cap holds
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == list(range(1, 41))
-    rewards = [m["reward_mean"] for m in metrics]
+    # TRL's names (brigade.metric_names), brigade's own figures beside them
+    trl = {"reward", "reward_std", "frac_reward_zero_std", "kl", "entropy", "clip_ratio/low_mean",
+           "clip_ratio/high_mean", "clip_ratio/region_mean", "completions/mean_length", "completions/clipped_ratio",
+           "num_tokens", "grad_norm", "learning_rate", "loss", "rewards/demo_sum/mean"}
+    assert all(trl <= set(m) for m in metrics), trl - set(metrics[-1])
+    assert all({"staleness_mean", "rejection_rate", "dollars_per_sample"} <= set(m) for m in metrics)
+    tokens = [m["num_tokens"] for m in metrics]
+    assert tokens == sorted(tokens) and tokens[0] > 0 and 0 < metrics[-1]["entropy"]  # cumulative, as TRL's
+    rewards = [m["reward"] for m in metrics]
     first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
     assert last > first + 0.15, f"reward did not move: first 10 steps {first:.2f}, last 10 {last:.2f}"
     for png in ("curves_vs_step.png", "curves_vs_wall_clock.png"):

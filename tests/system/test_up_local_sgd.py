@@ -33,7 +33,7 @@ def test_brigade_up_local_sgd_climbs(tmp_path):
     assert all(m["contributions"] >= 1 and m["accepted_samples"] >= 4 * 64 for m in metrics), metrics
     assert all(m["averaging_error"] < 1e-6 for m in metrics)  # frozen_a: the merge is exact
     assert all(0 <= m["staleness_mean"] <= 4 for m in metrics)
-    rewards = [m["reward_mean"] for m in metrics]
+    rewards = [m["reward"] for m in metrics]
     first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
     assert last > first + 0.15, f"reward did not climb: first 3 rounds {first:.2f}, last 3 {last:.2f}"
     snapshot = json.loads((out / "snapshot.json").read_text())

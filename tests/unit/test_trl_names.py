@@ -100,3 +100,35 @@ def test_the_trainer_takes_trls_arguments_and_refuses_objects_it_cannot_send(tmp
     with pytest.raises(ConfigError, match="reward_weights: 1 weights for 2 reward functions"):
         GRPOTrainer("demo", [top_level_reward, "demo_sum"], brigade.GRPOConfig(reward_weights=[1.0]),
                     train_dataset=[{"prompt": "x"}])
+
+
+def test_step_metrics_reach_users_under_trls_names():
+    from brigade.metric_names import trl_metrics
+
+    m = trl_metrics({"step": 3, "reward_mean": 0.5, "reward_std": 0.4, "reward_group_std": 0.3, "lr": 1e-4,
+                     "clip_low_frac": 0.01, "clip_high_frac": 0.02, "tokens_total": 900, "kl": 0.1,
+                     "reward/trl.rewards:accuracy_reward/mean": 0.7, "reward/org/reward-model/std": 0.2,
+                     "completion_clipped_frac": 0.25, "staleness_mean": 1.0, "rejection_rate": 0.0})
+    assert m == {"step": 3, "reward": 0.5, "reward_std_batch": 0.4, "reward_std": 0.3, "learning_rate": 1e-4,
+                 "clip_ratio/low_mean": 0.01, "clip_ratio/high_mean": 0.02, "clip_ratio/region_mean": 0.03,
+                 "num_tokens": 900, "kl": 0.1, "rewards/accuracy_reward/mean": 0.7, "rewards/reward-model/std": 0.2,
+                 "completions/clipped_ratio": 0.25, "staleness_mean": 1.0, "rejection_rate": 0.0}
+
+
+def test_the_readmes_example_is_brigade_reals_recipe(tmp_path):
+    """examples/word_problems.py (the README's TRL-style script) builds the spec `brigade real` runs."""
+    import importlib.util
+
+    from brigade.recipes.word_problems import RUN
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "word_problems.py"
+    module_spec = importlib.util.spec_from_file_location("word_problems_example", path)
+    example = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(example)
+    trainer = example.word_problems_trainer(str(tmp_path / "word-problems"))
+    spec = build_spec({**trainer.data, "dataset": "demo", "eval_dataset": "demo"})
+    recipe = build_spec({**RUN, "dataset": "demo", "eval_dataset": "demo", "run_id": "word-problems"})
+    for field in ("sampling", "lora", "staleness", "rewards", "prompts_per_batch", "batches_per_step", "max_steps",
+                  "eval_every", "model"):
+        assert getattr(spec, field) == getattr(recipe, field), field
+    assert spec.grpo.learning_rate == recipe.grpo.learning_rate and trainer.run_id == "word-problems"

@@ -119,8 +119,10 @@ def completion_logprobs(
     completion_ids: torch.Tensor,    # [N, C] right-padded
     completion_mask: torch.Tensor,   # [N, C]
     temperature: float = 1.0,
-) -> torch.Tensor:
-    """Log-probs [N, C] of each completion token under `model`, logits scaled by 1/temperature."""
+    with_entropy: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs [N, C] of each completion token under `model`, logits scaled by 1/temperature;
+    `with_entropy`: and the policy's entropy [N, C] at each position (no gradient)."""
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
     mask = torch.cat([prompt_mask, completion_mask], dim=1)
     # the logit at position t predicts token t+1: only the C positions that predict the completion
@@ -132,4 +134,10 @@ def completion_logprobs(
     logits = logits[:, -(c + 1) : -1, :].float() / temperature
     # gather minus logsumexp: no second [N, C, vocab] tensor, which matters for large vocabularies
     picked = logits.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
-    return (picked - torch.logsumexp(logits, dim=-1)) * completion_mask
+    lse = torch.logsumexp(logits, dim=-1)
+    logp = (picked - lse) * completion_mask
+    if not with_entropy:
+        return logp
+    with torch.no_grad():  # H = logsumexp - E_p[logit], one more softmax over the vocabulary
+        entropy = (lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)) * completion_mask
+    return logp, entropy

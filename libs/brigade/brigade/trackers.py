@@ -28,6 +28,8 @@ from typing import Any
 
 import structlog
 
+from brigade.metric_names import trl_metrics
+
 log = structlog.get_logger()
 
 CHOICES = ("wandb", "tensorboard", "trackio")
@@ -180,11 +182,12 @@ class Trackers:
         return min(self.last.values(), default=-1)
 
     def log_steps(self, metrics: Iterable[Mapping[str, Any]]) -> None:
+        """The learner's step metrics, under TRL's names (brigade.metric_names)."""
         for m in metrics:
             step = int(m["step"])
             for name, b in self.backends.items():
                 if step > self.last[name]:
-                    b.log(scalars(m), step)
+                    b.log(scalars(trl_metrics(m)), step)
                     self.last[name] = step
 
     def log_eval(self, scores: Mapping[str, Any], step: int) -> None:

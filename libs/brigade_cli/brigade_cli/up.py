@@ -479,9 +479,11 @@ def _write_results(out_dir: Path, spec, metrics, state, evals, wall: float, outc
     # startup_s: from the launch of `up` to the first trained step; shutdown_s: the ordered stop
     summary = summarize(spec.run_id, metrics, state, wall, outcome, evals) | timing
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    with (out_dir / "metrics.jsonl").open("w") as f:
+    from brigade.metric_names import trl_metrics
+
+    with (out_dir / "metrics.jsonl").open("w") as f:  # TRL's names, as the trackers have them
         for m in metrics:
-            f.write(json.dumps(m) + "\n")
+            f.write(json.dumps(trl_metrics(m)) + "\n")
     if metrics:
         from brigade_cli.plots import plot_run
 

@@ -32,14 +32,7 @@ import structlog
 import torch
 
 from brigade import adapters, crash_loop, keys
-from brigade.bucket import (
-    Bucket,
-    BucketError,
-    ObjectExists,
-    ObjectNotFound,
-    open_bucket,
-    probe_at_start,
-)
+from brigade.bucket import Bucket, BucketError, ObjectExists, ObjectNotFound, open_bucket, probe_at_start
 from brigade.code_policy import refuse_code
 from brigade.config import ConfigError
 from brigade.rpc import ProxyClient, retry_unavailable
@@ -100,6 +93,7 @@ class Learner:
         # the proxy weighs generation against it to choose how far ahead workers may run
         self._busy_s: list[float] = []
         self._proximal: dict[int, dict] = {}  # decoded adapter versions, for recompute_logprobs
+        self._tokens_total = 0  # prompt and completion tokens trained on since step 1 (TRL's num_tokens)
         self._pruning: asyncio.Task | None = None   # checkpoint retention, beside the next step
         self._told: Told | None = None
         self.crash = CrashPoints.from_env()
@@ -201,6 +195,7 @@ class Learner:
             self.state = await asyncio.to_thread(checkpoint.decode, self.trainer, files)
             self.config_json = files[checkpoint.CONFIG]
             self.durable_step = step
+            self._tokens_total = int((self.state.metrics or [{}])[-1].get("tokens_total", 0))
             log.info("resumed", step=step, version=self.state.version, published=self.state.published,
                      consumed=len(self.state.consumed))
             await self._replay_tail()
@@ -419,7 +414,8 @@ class Learner:
         rollout_dollars = sum(manifest_dollars(a.manifest) for a in accepted)
         learner_dollars = cycle_s * self.cfg.price_per_hour / 3600.0
         staleness_mean = sum(k * n for k, n in data.staleness.items()) / max(len(accepted), 1)
-        m: dict[str, Any] = {
+        self._tokens_total += int(train.get("tokens", 0))
+        m: dict[str, Any] = {"tokens_total": self._tokens_total,
             "step": step, "version": self.state.version, "trained_at_version": version,
             "reward_mean": train["reward_mean"], "reward_std": train["reward_std"],
             "loss": train["loss"], "kl": train["kl"], "staleness_mean": staleness_mean,

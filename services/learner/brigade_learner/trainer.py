@@ -142,7 +142,7 @@ class Trainer:
                     self.model.eval()
                     ref = completion_logprobs(self.model, **batch, temperature=temperature)
             self.model.train()
-            logp = completion_logprobs(self.model, **batch, temperature=temperature)
+            logp, entropy = completion_logprobs(self.model, **batch, temperature=temperature, with_entropy=True)
             if prox is not None:            # ratio vs the proximal policy, weight corrects the engine
                 logp_old = prox[i][rows].to(self.device)
                 weight = truncated_is_weight(logp_old, behaviour, g.tis_cap) if g.tis_cap > 0 else None
@@ -155,7 +155,7 @@ class Trainer:
             loss = aggregate(tl.loss, mask, g.loss_agg, **norms)
             loss.backward()
             total_loss += loss.item()
-            stats.add(tl, mask, weight, g.tis_cap)
+            stats.add(tl, mask, weight, g.tis_cap, entropy)
         self.model.eval()
 
         # 4. one clipped AdamW step; a non-finite gradient skips the update instead of poisoning it
@@ -174,7 +174,7 @@ class Trainer:
         train_s = time.perf_counter() - t0
         all_tokens = num_tokens + int(sum(r.prompt_mask.sum() for r in rollouts))
         adv = torch.cat(advantages)
-        return {
+        return {**completion_stats(rollouts, self.spec.sampling.max_new_tokens), "tokens": all_tokens,
             "loss": total_loss, "grad_norm": grad_norm, "lr": lr, "skipped_nonfinite": int(skipped),
             **stats.summary(num_tokens), **reward_stats(rollouts),
             "adv_mean": adv.mean().item(), "adv_std": adv.std(correction=0).item(),
@@ -246,14 +246,17 @@ class _Stats:
     """Token-level sums over micro-batches, reduced once at the end."""
 
     def __init__(self) -> None:
-        self.kl = self.low = self.high = self.ratio_sum = self.weight_sum = self.capped = 0.0
+        self.kl = self.low = self.high = self.ratio_sum = self.weight_sum = self.capped = self.entropy = 0.0
         self.ratio_min, self.ratio_max = math.inf, -math.inf
         self.weighted = False
 
     @torch.no_grad()
-    def add(self, tl, mask: torch.Tensor, weight: torch.Tensor | None, cap: float = 0.0) -> None:
+    def add(self, tl, mask: torch.Tensor, weight: torch.Tensor | None, cap: float = 0.0,
+            entropy: torch.Tensor | None = None) -> None:
         on = mask > 0
         self.kl += float(tl.kl[on].sum())
+        if entropy is not None:
+            self.entropy += float(entropy[on].sum())
         self.low += float(tl.clipped_low.sum())
         self.high += float(tl.clipped_high.sum())
         if on.any():
@@ -270,6 +273,7 @@ class _Stats:
         n = max(num_tokens, 1)
         out = {
             "kl": self.kl / n, "clip_low_frac": self.low / n, "clip_high_frac": self.high / n,
+            "entropy": self.entropy / n,
             "ratio_mean": self.ratio_sum / n,
             "ratio_min": self.ratio_min if num_tokens else 1.0, "ratio_max": self.ratio_max if num_tokens else 1.0,
         }
@@ -279,10 +283,23 @@ class _Stats:
         return out
 
 
+def completion_stats(rollouts: list[Rollout], max_new_tokens: int) -> dict[str, float]:
+    """Completion lengths, and the share cut off at max_new_tokens (TRL's completions/clipped_ratio)."""
+    lengths = torch.cat([r.completion_mask.sum(1).float() for r in rollouts])
+    return {"completion_length_mean": lengths.mean().item(), "completion_length_min": lengths.min().item(),
+            "completion_length_max": lengths.max().item(),
+            "completion_clipped_frac": (lengths >= max_new_tokens).float().mean().item()}
+
+
 def reward_stats(rollouts: list[Rollout]) -> dict[str, float]:
-    """Mean and std of the total reward and of each reward function's part."""
+    """Mean and std of the total reward (over the batch, and within groups as TRL's reward_std)
+    and of each reward function's part; the share of groups whose rewards are all equal (no
+    signal: TRL's frac_reward_zero_std)."""
     rewards = torch.cat([r.rewards.float() for r in rollouts])
-    out = {"reward_mean": rewards.mean().item(), "reward_std": rewards.std(correction=0).item()}
+    group_stds = [r.rewards.float()[r.group == g].std(correction=0) for r in rollouts for g in r.group.unique()]
+    stds = torch.stack(group_stds) if group_stds else torch.zeros(1)
+    out = {"reward_mean": rewards.mean().item(), "reward_std": rewards.std(correction=0).item(),
+           "reward_group_std": stds.mean().item(), "frac_reward_zero_std": (stds < 1e-8).float().mean().item()}
     parts: dict[str, list[torch.Tensor]] = {}
     for r in rollouts:
         for k, name in enumerate(r.reward_names[: r.reward_parts.shape[1]]):
