@@ -76,7 +76,7 @@ test-unit: $(VENV_OK)
 	$(PY) -m pytest -q tests/unit
 
 lint: $(VENV_OK)
-	$(PY) -m ruff check libs services bench tests
+	$(PY) -m ruff check libs services bench tests examples
 
 demo: $(VENV_OK)
 	.venv/bin/brigade up --demo

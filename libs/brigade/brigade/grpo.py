@@ -108,7 +108,9 @@ class GRPOTrainer:
         self.rewards, self.pythonpath = reward_entries(reward_funcs)
         self.datasets = {"dataset": train_dataset, "eval_dataset": eval_dataset}
         data = self.args.spec_data()
-        data.setdefault("run_id", time.strftime("grpo-%Y%m%d-%H%M%S"))
+        # TRL's run_name defaults to output_dir; brigade's run id likewise (its folder's name)
+        data.setdefault("run_id", Path(self.args.output_dir).name if self.args.output_dir
+                        else time.strftime("grpo-%Y%m%d-%H%M%S"))
         if eval_dataset is None:  # as TRL: no eval_dataset, no evaluation (unless eval_steps asks, on the train set)
             data.setdefault("eval_every", 0)
             data.setdefault("eval_dataset", "")
