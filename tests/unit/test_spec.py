@@ -79,13 +79,15 @@ def test_hyperparameters_read_back_exactly():
 
 def test_unknown_keys_are_named_as_written_with_a_suggestion(tmp_path):
     path = tmp_path / "run.yaml"
-    path.write_text("promptsPerBatch: 4\nlearning_rate: 1\ngrpo:\n  betta: 0.1\nrewards:\n  - function: math\n    wieght: 2\n")
+    path.write_text("promptsPerBatch: 4\neps_low: 0.1\nnum_generationz: 4\ngrpo:\n  betta: 0.1\n"
+                    "rewards:\n  - function: math\n    wieght: 2\n")
     with pytest.raises(ConfigError) as err:
         build_spec(path=path)
     lines = str(err.value).splitlines()[1:]
     assert lines == [
         "  promptsPerBatch: no field named 'promptsPerBatch' here; did you mean 'prompts_per_batch'?",
-        "  learning_rate: no field named 'learning_rate' here; did you mean 'grpo.learning_rate'?",
+        "  eps_low: no field named 'eps_low' here; did you mean 'grpo.eps_low'?",
+        "  num_generationz: no field named 'num_generationz' here; did you mean 'num_generations'?",  # TRL's name
         "  grpo.betta: no field named 'betta' here; did you mean 'grpo.beta'?",
         "  rewards[0].wieght: no field named 'wieght' here; did you mean 'rewards[0].weight'?",
     ]

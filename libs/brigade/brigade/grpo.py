@@ -115,7 +115,7 @@ class GRPOTrainer:
             data.setdefault("eval_every", 0)
             data.setdefault("eval_dataset", "")
         data["model"] = model
-        data["rewards"] = _weighted(self.rewards, data.get("rewards"), self.args.settings.get("reward_weights"))
+        data["rewards"] = _weighted(self.rewards, self.args.settings.get("reward_weights"))
         if peft_config is not None:
             data["lora"] = {**data.get("lora", {}), **lora_fields(peft_config)}
         self.data = data
@@ -267,8 +267,8 @@ def _package_root(file: Path, module: str) -> Path:
     return root
 
 
-def _weighted(entries: list[dict], spec_rewards: Any, weights: Any) -> list[dict]:
-    """reward_funcs with reward_weights (TRL's names) or the weights of a spec's `rewards` list."""
+def _weighted(entries: list[dict], weights: Any) -> list[dict]:
+    """reward_funcs with TRL's reward_weights, one per function."""
     if weights is not None:
         if len(weights) != len(entries):
             raise ConfigError(f"reward_weights: {len(weights)} weights for {len(entries)} reward functions")
