@@ -78,17 +78,18 @@ def finish_evaluations(rq_url: str, run: str, versions: list[int], timeout: floa
     return pending, time.monotonic() - started
 
 
-def wait_for_evaluator(system, spec, state, timeout: float) -> None:
-    """`up`'s step between stopping training and stopping the evaluator, with a line before and after."""
+def wait_for_evaluator(system, spec, state, timeout: float) -> float:
+    """`up`'s step between stopping training and stopping the evaluator, with a line before and after;
+    the seconds it waited."""
     if state is None or "evaluator" not in system.services or not system.services["evaluator"].alive():
-        return
+        return 0.0
     versions = requested_evaluations(spec, int(state.latest_version), int(state.learner_step))
     if not versions or timeout <= 0:
-        return
+        return 0.0
     try:
         import rq  # noqa: F401 - the evaluator's own dependency: without it there is no evaluator to wait for
     except ImportError:
-        return
+        return 0.0
     typer.echo(f"evaluator: finishing the evaluations of the run (v{versions[-1]} last), at most {timeout:.0f} s")
     pending, waited = finish_evaluations(system.rq_url or system.redis_url, spec.run_id, versions, timeout)
     if pending:
@@ -96,6 +97,7 @@ def wait_for_evaluator(system, spec, state, timeout: float) -> None:
                    "(--eval-timeout); stopping it", err=True)
     else:
         typer.echo(f"evaluator: done in {waited:.1f} s")
+    return waited
 
 
 def final_adapter_line(spec, state, evals, bucket: str) -> str:

@@ -334,13 +334,14 @@ def up(
         if progress is not None:
             progress.close()
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the ordered stop short
-        stopping = time.monotonic()
+        stopping, eval_wait = time.monotonic(), 0.0
         if created:  # training stopped first, so the last read and the snapshot agree with each other
             system.stop_services(keep=("proxy", "janitor", "evaluator"))
             if outcome == "finished":  # the last held-out point: the evaluations the run requested
                 from brigade_cli.finish import wait_for_evaluator
 
-                wait_for_evaluator(system, spec, _state_now(system, token, spec.run_id, state), eval_timeout)
+                eval_wait = wait_for_evaluator(system, spec, _state_now(system, token, spec.run_id, state),
+                                               eval_timeout)
             system.stop_services(keep=("proxy", "janitor"))
             metrics, state, evals = _final_read(system, token, spec.run_id, out_dir, metrics, state, evals)
         wall = time.monotonic() - started
@@ -349,7 +350,7 @@ def up(
             forker.close()
         first = metrics[0].get("time_unix") if metrics and not resume else None
         timing = {"startup_s": round(first - launched, 2) if isinstance(first, int | float) else None,
-                  "shutdown_s": round(time.monotonic() - stopping, 2)}
+                  "shutdown_s": round(time.monotonic() - stopping - eval_wait, 2), "eval_wait_s": round(eval_wait, 2)}
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if created:  # a refused run leaves the folder of the run it collided with as it was
         from brigade_cli.finish import final_adapter_line, push_final
@@ -476,7 +477,8 @@ def _final_read(system, token: str, run: str, out_dir: Path, metrics, state, eva
 
 def _write_results(out_dir: Path, spec, metrics, state, evals, wall: float, outcome: str, started_unix: float,
                    timing: dict) -> None:
-    # startup_s: from the launch of `up` to the first trained step; shutdown_s: the ordered stop
+    # startup_s: from the launch of `up` to the first trained step; shutdown_s: the ordered stop, less
+    # eval_wait_s, the wait for the evaluator's last evaluations
     summary = summarize(spec.run_id, metrics, state, wall, outcome, evals) | timing
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     from brigade.metric_names import trl_metrics
