@@ -76,7 +76,7 @@ def finished(tmp_path_factory, hub):
                 push_to_hub=True, hub_model_id="someone/exp")
     (folder / "spec.yaml").write_text(yaml.safe_dump(spec))
     env = dict(os.environ, BRIGADE_REDIS_URL="redis://127.0.0.1:1/0", HF_ENDPOINT=hub.url, HF_TOKEN="hf_test",
-               HF_HUB_DISABLE_TELEMETRY="1")
+               HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_OFFLINE="0")  # the fake Hub is reachable whatever CI sets
     env.pop("BRIGADE_BUCKET", None)
     env.pop("BRIGADE_TRACKER_DIR", None)
     proc = brigade(["up", "--spec", "spec.yaml", "-n", "1", "--max-wall", "300"], folder, env, timeout=420)

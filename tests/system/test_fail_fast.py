@@ -69,7 +69,7 @@ def test_a_model_id_that_does_not_resolve_is_refused_before_anything_starts(fold
     hub = FakeHub()
     hub.models.add("someone/real-model")
     try:
-        online = dict(os.environ, HF_ENDPOINT=hub.url, HF_HUB_DISABLE_TELEMETRY="1")
+        online = dict(os.environ, HF_ENDPOINT=hub.url, HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_OFFLINE="0")
         assert ask("someone/real-model", online) == "None"  # the Hub has it: fine, not downloaded here
         assert "no model nobody/nothing-here on the Hub" in ask("nobody/nothing-here", online)
         unreachable = dict(online, HF_ENDPOINT="http://127.0.0.1:1")

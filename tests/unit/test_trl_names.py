@@ -132,3 +132,16 @@ def test_the_readmes_example_is_brigade_reals_recipe(tmp_path):
                   "eval_every", "model"):
         assert getattr(spec, field) == getattr(recipe, field), field
     assert spec.grpo.learning_rate == recipe.grpo.learning_rate and trainer.run_id == "word-problems"
+
+
+def test_a_dataset_object_is_written_once_into_the_runs_bucket(tmp_path):
+    import json
+
+    rows = [{"prompt": "1+1=", "answer": 2}]
+    trainer = GRPOTrainer("demo", "demo_sum", brigade.GRPOConfig(output_dir=str(tmp_path / "run")), train_dataset=rows)
+    uri = trainer._upload("dataset", rows)
+    assert uri == f"file://{tmp_path / 'run' / 'bucket'}/runs/run/data/train.jsonl"
+    assert json.loads((tmp_path / "run/bucket/runs/run/data/train.jsonl").read_text()) == rows[0]  # types kept
+    assert trainer._upload("dataset", rows) == uri  # the same rows again: fine
+    with pytest.raises(ConfigError, match="already holds a different runs/run/data/train.jsonl"):
+        trainer._upload("dataset", [{"prompt": "2+2=", "answer": 4}])

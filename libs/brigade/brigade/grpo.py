@@ -156,10 +156,14 @@ class GRPOTrainer:
 
         async def put() -> str:
             from brigade.adapters import put_once
-            from brigade.bucket import open_bucket
+            from brigade.bucket import ObjectExists, open_bucket
 
             async with open_bucket(self.bucket) as bucket:
-                await put_once(bucket, object_key, body)
+                try:
+                    await put_once(bucket, object_key, body)
+                except ObjectExists:  # written once: another dataset under this run is another run
+                    raise ConfigError(f"{key}: run {self.run_id} already holds a different {object_key} in "
+                                      f"{self.bucket}; give this run another run_name or output_dir") from None
                 return bucket.url(object_key)
 
         return _run(put())
