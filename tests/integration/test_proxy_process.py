@@ -74,8 +74,21 @@ def test_proxy_refuses_a_taken_port(redis_url, tmp_path):
 
 
 def _listening(stderr_lines: list[str]) -> list[dict]:
-    return [entry for entry in map(json.loads, filter(lambda s: s.startswith("{"), stderr_lines))
-            if entry.get("event") == "proxy listening"]
+    return [entry for entry in _json_entries(stderr_lines) if entry.get("event") == "proxy listening"]
+
+
+def _json_entries(stderr_lines: list[str]):
+    """Every JSON object of the lines. The processes share one stderr, and a line is written as the
+    text and then its newline, so two processes' lines can land as `{...}{...}` on one line."""
+    decoder = json.JSONDecoder()
+    for line in stderr_lines:
+        text, at = line.strip(), 0
+        while text.startswith("{", at):
+            try:
+                entry, at = decoder.raw_decode(text, at)
+            except ValueError:
+                break
+            yield entry
 
 
 def _listening_pids(stderr_lines: list[str]) -> set[int]:
