@@ -164,3 +164,17 @@ def test_threads_override_takes_two_counts_or_nothing():
     for bad in ("2", "2,x", "0,1", "1,2,3"):
         with pytest.raises(typer.BadParameter, match="--threads"):
             threads_override(bad)
+
+
+def test_the_final_line_scores_the_final_version_whatever_step_published_it(tmp_path):
+    """`up` polls evaluations as (learner step, evaluation); with publish_every 2, version 3 is
+    step 6: the line must find v3's score by the evaluation's version, not by the step."""
+    from types import SimpleNamespace
+
+    from brigade.spec_file import build_spec
+    from brigade_cli.finish import final_adapter_line
+
+    spec = build_spec({"run_id": "fin", "publish_every": 2, "max_steps": 6})
+    evals = [(2, {"version": 1, "reward_mean": 0.9}), (6, {"version": 3, "reward_mean": 0.5})]
+    line = final_adapter_line(spec, SimpleNamespace(latest_version=3), evals, f"file://{tmp_path}/bucket")
+    assert "final adapter: v3, held-out 0.500" in line and "(--best: v1, 0.900)" in line, line

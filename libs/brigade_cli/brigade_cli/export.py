@@ -46,9 +46,14 @@ class RunRecord:
     metrics: list[dict] = field(default_factory=list)      # the learner's per-step metrics, by step
 
     def heldout(self, version: int) -> float | None:
+        return self.scores.get(version)
+
+    @property
+    def scores(self) -> dict[int, float]:
+        """version -> held-out score, for the versions the evaluator scored, ascending."""
         from brigade_cli.plots import heldout_score
 
-        return heldout_score(self.evals[version]) if version in self.evals else None
+        return {v: s for v in sorted(self.evals) if (s := heldout_score(self.evals[v])) is not None}
 
 
 @dataclass
@@ -147,11 +152,13 @@ def choose_version(record: RunRecord, version: int | None, best: bool) -> int:
                               f"v{record.versions[-1]})")
         return version
     if best:
-        scored = [(s, v) for v in record.versions if (s := record.heldout(v)) is not None]
-        if not scored:
+        from brigade_cli.plots import best_version
+
+        top = best_version({v: s for v, s in record.scores.items() if v in record.versions})
+        if top is None:
             raise ConfigError(f"run {record.run}: the evaluator recorded no held-out score (eval_every "
                               f"{record.spec.eval_every}), so there is no best; --version N or the newest")
-        return max(scored)[1]
+        return top[0]
     return record.versions[-1]
 
 

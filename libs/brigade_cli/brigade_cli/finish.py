@@ -101,17 +101,19 @@ def wait_for_evaluator(system, spec, state, timeout: float) -> float:
 
 
 def final_adapter_line(spec, state, evals, bucket: str) -> str:
-    """One line naming the final adapter, its held-out score, and the export command."""
+    """One line naming the final adapter, its held-out score, and the export command. `evals`:
+    (learner step, evaluation) pairs, as `up` polls them; the evaluation names its version."""
     from brigade import keys
     from brigade_cli.export import export_command
-    from brigade_cli.plots import heldout_score
+    from brigade_cli.plots import best_version, heldout_score
 
     version = int(state.latest_version) if state is not None else 0
     if version == 0:
         return "no adapter was published"
-    scores = {v: s for v, e in evals if (s := heldout_score(e)) is not None}
+    scores = {int(e["version"]): s for _, e in evals
+              if isinstance(e.get("version"), int) and (s := heldout_score(e)) is not None}
     held = f", held-out {scores[version]:.3f}" if version in scores else ""
-    best = max(scores.items(), key=lambda vs: (vs[1], vs[0])) if scores else None
+    best = best_version(scores)
     hint = f" (--best: v{best[0]}, {best[1]:.3f})" if best and best[0] != version else ""
     where = bucket.rstrip("/") + "/" + keys.adapter_prefix(spec.run_id, version)
     return (f"final adapter: v{version}{held} at {where}; take it out with: "

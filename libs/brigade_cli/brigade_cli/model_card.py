@@ -28,8 +28,10 @@ def model_card(record, version: int, base, merged: bool, plots: list[str]) -> st
 
     spec = record.spec
     score = record.heldout(version)
-    scored = [(v, s) for v in sorted(record.evals) if (s := record.heldout(v)) is not None]
-    best = max(scored, key=lambda vs: (vs[1], vs[0])) if scored else None
+    from brigade_cli.plots import best_version
+
+    scored = list(record.scores.items())
+    best = best_version(record.scores)
     rewards = ", ".join(f"`{r.function}`" + (f" (weight {r.weight:g})" if r.weight != 1 else "") for r in spec.rewards)
     meta = {"library_name": "transformers" if merged else "peft", "pipeline_tag": "text-generation",
             "tags": ["brigade", "grpo", "lora", "reinforcement-learning"]}

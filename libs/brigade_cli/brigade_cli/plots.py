@@ -17,6 +17,12 @@ def heldout_score(evaluation: dict) -> float | None:
     return None
 
 
+def best_version(scores: dict[int, float]) -> tuple[int, float] | None:
+    """(version, score) of the best held-out score; the later version on a tie (it trained longer
+    for the same score). None when nothing was scored."""
+    return max(scores.items(), key=lambda vs: (vs[1], vs[0]), default=None)
+
+
 def robust_top(values: list[float]) -> float | None:
     """An upper y limit that a couple of spikes cannot set: 1.5x the 95th percentile."""
     finite = sorted(v for v in values if v == v and abs(v) != float("inf"))
