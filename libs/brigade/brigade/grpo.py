@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from brigade.config import ConfigError
+from brigade.trl_names import weighted_rewards
 
 # set in every service `train()` starts: a script that trains on import (no __main__ guard) stops there
 INSIDE_ENV = "BRIGADE_INSIDE_TRAINER"
@@ -115,7 +116,8 @@ class GRPOTrainer:
             data.setdefault("eval_every", 0)
             data.setdefault("eval_dataset", "")
         data["model"] = model
-        data["rewards"] = _weighted(self.rewards, self.args.settings.get("reward_weights"))
+        weights = self.args.settings.get("reward_weights")
+        data["rewards"] = self.rewards if weights is None else weighted_rewards(self.rewards, weights)
         if peft_config is not None:
             data["lora"] = {**data.get("lora", {}), **lora_fields(peft_config)}
         self.data = data
@@ -127,7 +129,6 @@ class GRPOTrainer:
         # the whole spec checked now, datasets objects standing in as `demo` until train() writes them
         build_spec({**data, **{k: "demo" for k, v in self.datasets.items() if v is not None and not isinstance(v, str)},
                     **{k: v for k, v in self.datasets.items() if isinstance(v, str)}})
-        self.state: dict = {}
 
     # ------------------------------------------------------------ train
 
@@ -192,7 +193,6 @@ class GRPOTrainer:
         code = subprocess.run(cmd, env=self._env(), cwd=os.getcwd()).returncode
         summary_path = self.output_dir / "summary.json"
         summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
-        self.state = summary
         if code != 0:
             raise RuntimeError(f"brigade up exited {code} (outcome {summary.get('outcome', 'unknown')}); "
                                f"its logs are in {self.output_dir / 'logs'}")
@@ -271,23 +271,14 @@ def _package_root(file: Path, module: str) -> Path:
     return root
 
 
-def _weighted(entries: list[dict], weights: Any) -> list[dict]:
-    """reward_funcs with TRL's reward_weights, one per function."""
-    if weights is not None:
-        if len(weights) != len(entries):
-            raise ConfigError(f"reward_weights: {len(weights)} weights for {len(entries)} reward functions")
-        return [dict(e, weight=float(w)) for e, w in zip(entries, weights, strict=True)]
-    return entries
-
-
 def lora_fields(config: Any) -> dict:
     """The run spec's `lora` section from a peft.LoraConfig (what brigade trains: rank, alpha,
     dropout, target modules); a setting brigade does not train with is refused, not dropped."""
     unsupported = {"use_rslora": False, "use_dora": False, "modules_to_save": None, "bias": "none"}
     for name, default in unsupported.items():
-        if getattr(config, name, default) not in (default, None) and getattr(config, name) != default:
-            raise ConfigError(f"peft_config.{name}={getattr(config, name)!r}: brigade trains plain LoRA "
-                              f"({name}={default!r})")
+        value = getattr(config, name, default)
+        if value is not None and value != default:
+            raise ConfigError(f"peft_config.{name}={value!r}: brigade trains plain LoRA ({name}={default!r})")
     targets = config.target_modules
     targets = [targets] if isinstance(targets, str) else sorted(targets or ["all-linear"])
     return {"rank": int(config.r), "alpha": float(config.lora_alpha), "dropout": float(config.lora_dropout),

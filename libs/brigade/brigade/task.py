@@ -63,6 +63,8 @@ def reward_call_problems(spec: pb.RunSpec, prompts: list[pb.Prompt]) -> list[str
     import sys
     from types import SimpleNamespace
 
+    from structlog.testing import capture_logs
+
     from brigade.code_policy import BUILTINS
     from brigade.reward_call import RewardCall, TrainerState
     from brigade.rewards import RewardSet
@@ -73,8 +75,6 @@ def reward_call_problems(spec: pb.RunSpec, prompts: list[pb.Prompt]) -> list[str
     rewards = RewardSet.from_specs(plain, None, device="cpu", trust_remote_code=spec.trust_remote_code)
     samples = [SimpleNamespace(group=i, completion_ids=[]) for i in range(len(prompts))]
     call = RewardCall.for_samples(prompts, samples, [""] * len(samples), TrainerState(max_steps=spec.max_steps))
-    from structlog.testing import capture_logs
-
     with capture_logs():  # the rejection is reported below, in the check's words, not as a batch's
         scores = asyncio.run(rewards.score(call))
     out = [f"rewards: reward function {name!r} {why} when called on dataset row(s) 1-{len(prompts)} with an "

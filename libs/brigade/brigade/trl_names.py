@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from brigade.config import ConfigError
+from brigade.spec import BY_PATH
 
 RENAMED = {
     "run_name": "run_id",
@@ -150,13 +151,13 @@ def _set(out: dict, path: str, value: Any, trl_name: str, problems: list[str]) -
 
 def _special(name: str, value: Any, out: dict, problems: list[str]) -> None:
     if name == "reward_weights":
-        rewards = out.get("rewards")
         if value is None:
             return
-        if not isinstance(rewards, list) or len(rewards) != len(value):
-            problems.append(f"reward_weights: {len(value)} weights for {len(rewards or [])} reward functions")
-            return
-        out["rewards"] = [dict(r, weight=float(w)) if isinstance(r, dict) else r for r, w in zip(rewards, value, strict=True)]
+        rewards = out.get("rewards")
+        try:
+            out["rewards"] = weighted_rewards(rewards if isinstance(rewards, list) else [], value)
+        except ConfigError as e:
+            problems.append(str(e))
     elif name in ("bf16", "fp16") and value:
         _set(out, "dtype", "bfloat16" if name == "bf16" else "float16", name, problems)
     elif name == "use_cpu" and value:
@@ -170,6 +171,14 @@ def _special(name: str, value: Any, out: dict, problems: list[str]) -> None:
                 _set(out, MODEL_INIT[key], str(v).removeprefix("torch.") if "dtype" in key else v, name, problems)
 
 
+def weighted_rewards(rewards: list, weights: Any) -> list:
+    """`rewards` (spec entries) with TRL's reward_weights, one per function: a spec file's `rewards`
+    list, or GRPOTrainer's reward_funcs."""
+    if len(weights) != len(rewards):
+        raise ConfigError(f"reward_weights: {len(weights)} weights for {len(rewards)} reward functions")
+    return [dict(r, weight=float(w)) if isinstance(r, dict) else r for r, w in zip(rewards, weights, strict=True)]
+
+
 def _batch(data: dict, out: dict, problems: list[str]) -> None:
     """TRL's batch arithmetic: completions per device and accumulation step -> prompts per step."""
     per_device, accumulation = data.get(BATCH[0]), data.get(BATCH[1], 1)
@@ -179,7 +188,7 @@ def _batch(data: dict, out: dict, problems: list[str]) -> None:
         if data.get(BATCH[1], 1) != 1:
             problems.append(f"{BATCH[1]}: needs {BATCH[0]} (TRL counts completions per device and step)")
         return
-    group = out.get("sampling", {}).get("group_size", 8)
+    group = out.get("sampling", {}).get("group_size", BY_PATH["sampling.group_size"].default)
     completions = int(per_device) * int(accumulation)
     if completions % group:
         problems.append(f"{BATCH[0]} x {BATCH[1]} = {completions} completions is not a multiple of "

@@ -340,7 +340,7 @@ def up(
             if outcome == "finished":  # the last held-out point: the evaluations the run requested
                 from brigade_cli.finish import wait_for_evaluator
 
-                eval_wait = wait_for_evaluator(system, spec, _state_now(system, token, spec.run_id, state),
+                eval_wait = wait_for_evaluator(system, spec, _state_now(system, spec.run_id, state),
                                                eval_timeout)
             system.stop_services(keep=("proxy", "janitor"))
             metrics, state, evals = _final_read(system, token, spec.run_id, out_dir, metrics, state, evals)
@@ -444,10 +444,10 @@ def write_spec(out_dir: Path, spec) -> None:
     (out_dir / "run.yaml").write_text(yaml.safe_dump(spec_to_dict(spec), sort_keys=False))
 
 
-def _state_now(system, token: str, run: str, state):
+def _state_now(system, run: str, state):
     """The run's state as the proxy has it now (the last poll may predate the final step)."""
     try:
-        return asyncio.run(poll_run(system.proxy, token, run))[1]
+        return system.get_run(run) or state
     except Exception:  # noqa: BLE001 - best effort: the proxy may be what failed
         return state
 
