@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -174,3 +175,26 @@ def test_int8_payload_reports_its_quantization_error(model_dir):
         assert (decoded[k] - v).abs().max() <= v.abs().max() / 127 + 1e-7
     # the learner's own weights stay float32
     assert all(v.dtype == torch.float32 for v in state.values())
+
+
+def test_an_episodes_environment_tokens_are_context_and_never_train(model_dir):
+    """Only a completion's first token is the model's here: with a causal model its log-prob depends
+    on the prompt alone, so if the environment's tokens after it trained nothing, the step equals
+    the step on that one token."""
+    spec = tiny_spec(model_dir, environment={"factory": "brigade.recipes.missing_number:Hint"})
+    first = Trainer.create(spec)
+    r = rollout(first)
+    width = r.completion_ids.shape[1]
+    env = torch.zeros_like(r.completion_mask)
+    env[:, 1:] = r.completion_mask[:, 1:]
+    episode = dataclasses.replace(r, env_mask=env, logprobs=r.logprobs * (1 - env))
+    one_token = dataclasses.replace(r, completion_ids=r.completion_ids[:, :1], completion_mask=r.completion_mask[:, :1],
+                                    logprobs=r.logprobs[:, :1])
+    assert width > 1 and int(env.sum()) > 0
+    m = first.train_step([episode])
+    second = Trainer.create(spec)
+    m1 = second.train_step([one_token])
+    assert m["completion_tokens"] == m1["completion_tokens"] == r.num_samples
+    assert m["loss"] == pytest.approx(m1["loss"], abs=1e-6)
+    for (name, a), b in zip(lora_params(first).items(), lora_params(second).values(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6), name

@@ -61,12 +61,51 @@ POISON = {
     "prompt mask of 3": rollout(prompt_mask=3 * torch.ones(4, 3, dtype=torch.int8)).to_bytes(),
     "positive log-probs": rollout(logprobs=torch.full((4, 4), 0.5)).to_bytes(),
 }
+# an episode's env_mask (brigade.episodes), in a run with an environment of at most 2 model turns
+EPISODES = Limits.for_spec(prompts_per_batch=1, group_size=4, max_new_tokens=6, max_positions=64, max_turns=2)
+REPLY = torch.tensor([[0, 1, 1, 0]] * 4, dtype=torch.int8)  # one reply between two model turns
+ZERO_UNDER_REPLY = -torch.rand(4, 4) * (1 - REPLY)
+
+
+def episode(**tensors: torch.Tensor) -> bytes:
+    return rollout(**{"env_mask": REPLY, "logprobs": ZERO_UNDER_REPLY, **tensors}).to_bytes()
+
+
+EPISODE_POISON = {
+    "env_mask of 2": episode(env_mask=2 * REPLY),
+    "env_mask on padding": episode(completion_mask=torch.tensor([[1, 1, 0, 0]] * 4, dtype=torch.int8)),
+    "env_mask on the first token": episode(env_mask=torch.tensor([[1, 0, 0, 0]] * 4, dtype=torch.int8),
+                                           logprobs=torch.zeros(4, 4)),
+    "a log-prob under env_mask": episode(logprobs=-torch.rand(4, 4) - 0.1),
+    "two replies where the run allows one": episode(env_mask=torch.tensor([[0, 1, 0, 1]] * 4, dtype=torch.int8),
+                                                     logprobs=-torch.rand(4, 4) * torch.tensor([1, 0, 1, 0])),
+    "env_mask of the wrong shape": episode(env_mask=REPLY[:, :3]),
+    "env_mask of floats": with_header(episode(), lambda h: {**h, "env_mask": {**h["env_mask"], "dtype": "F32"}}),
+}
 
 
 @pytest.mark.parametrize("name", sorted(POISON))
 def test_poison_is_an_invalid_rollout(name):
     with pytest.raises(InvalidRollout):
         from_bytes(POISON[name], VOCAB, LIMITS)
+
+
+@pytest.mark.parametrize("name", sorted(EPISODE_POISON))
+def test_episode_poison_is_an_invalid_rollout(name):
+    with pytest.raises(InvalidRollout):
+        from_bytes(EPISODE_POISON[name], VOCAB, EPISODES)
+
+
+def test_an_episode_round_trips_and_trains_only_the_models_tokens():
+    r = from_bytes(episode(), VOCAB, EPISODES)
+    assert torch.equal(r.env_mask, REPLY) and r.num_tokens == 8  # 2 of 4 tokens a sample are the model's
+    assert torch.equal(r.loss_mask, (1 - REPLY).to(torch.int8))
+    with pytest.raises(InvalidRollout, match="the run has no environment"):
+        from_bytes(episode(), VOCAB, LIMITS)
+    assert from_bytes(rollout().to_bytes(), VOCAB, EPISODES).env_mask is None  # single turns are still fine
+    kept, _ = ingest.drop_nonfinite(from_bytes(episode(rewards=torch.tensor([0.0, float("nan"), 1.0, 2.0])),
+                                               VOCAB, EPISODES))
+    assert kept.num_samples == 3 and kept.env_mask.shape == (3, 4)
 
 
 def test_shapes_beyond_the_spec_are_refused_from_the_header_before_any_tensor_byte():

@@ -16,7 +16,8 @@ from brigade.v1 import brigade_pb2 as pb
 
 ROOT = Path(__file__).resolve().parents[2]
 SECTION_TYPES = {"": pb.RunSpec, "lora": pb.LoraSpec, "sampling": pb.SamplingSpec, "grpo": pb.GrpoSpec,
-                 "staleness": pb.StalenessSpec, "local_sgd": pb.LocalSgdSpec, "rewards[]": pb.RewardSpec}
+                 "staleness": pb.StalenessSpec, "local_sgd": pb.LocalSgdSpec, "rewards[]": pb.RewardSpec,
+                 "environment": pb.EnvironmentSpec}
 
 
 def test_every_proto_field_is_declared_once_and_only_those():

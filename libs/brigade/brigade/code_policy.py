@@ -101,9 +101,10 @@ class CodePolicy:
                 return True
         return False
 
-    def check_function(self, name: str) -> str:
+    def check_function(self, name: str, kind: str = "reward function") -> str:
         """The "module:attr" a reward name stands for, if this host allows it; else CodeRefused.
-        A name without ':' that is not a built-in or entry point is a reward model: `check_source`."""
+        A name without ':' that is not a built-in or entry point is a reward model: `check_source`.
+        `kind` names the thing in the message (a tool and an environment class pass the same check)."""
         target = BUILTINS.get(name) or self.entry_points.get(name) or name
         module, sep, attr = target.partition(":")
         if not sep:
@@ -111,13 +112,13 @@ class CodePolicy:
         if target in self.entry_points.values():
             return target
         if not self.module_allowed(module):
-            raise CodeRefused(f"reward function {name!r}: module {module!r} is not allowed on this host; allow it "
+            raise CodeRefused(f"{kind} {name!r}: module {module!r} is not allowed on this host; allow it "
                               f"with {ALLOW_CODE_ENV}={module} or install it as a {ENTRY_POINT_GROUP!r} entry point")
         if attr.startswith("__"):
-            raise CodeRefused(f"reward function {name!r}: {attr!r} is not a function name")
+            raise CodeRefused(f"{kind} {name!r}: {attr!r} is not a function name")
         return target
 
-    def check_defined(self, name: str, obj) -> None:
+    def check_defined(self, name: str, obj, kind: str = "reward function") -> None:
         """A function or class an allowed module got from elsewhere (`from subprocess import run`)
         is not allowed by its module: where it is defined must be allowed too."""
         import inspect
@@ -129,7 +130,7 @@ class CodePolicy:
         else:
             return
         if not self.module_allowed(home) and not any(v.startswith(home + ":") for v in self.entry_points.values()):
-            raise CodeRefused(f"reward function {name!r} is defined in {home!r}, which is not allowed on this host "
+            raise CodeRefused(f"{kind} {name!r} is defined in {home!r}, which is not allowed on this host "
                               f"({ALLOW_CODE_ENV})")
 
     # ------------------------------------------------------------ sources
@@ -207,9 +208,33 @@ def check_spec(spec, policy: CodePolicy | None = None, sources: bool = True) -> 
                 policy.check_source(f"rewards[{i}] reward model", target)
         except CodeRefused as e:
             out.append(f"rewards[{i}]: {e}" if not str(e).startswith("rewards[") else str(e))
+    for path, target in environment_code(spec):
+        if ":" not in target:
+            out.append(f"{path}: {target!r} is not 'package.module:name'")
+            continue
+        try:
+            policy.check_function(target, kind=path)
+        except CodeRefused as e:
+            out.append(str(e))
     if spec.trust_remote_code and not policy.remote_code:
         out.append(f"trust_remote_code: this host does not run a model repository's code; set "
                    f"{ALLOW_REMOTE_CODE_ENV}=1 on it to allow that")
+    return out
+
+
+def environment_code(spec) -> list[tuple[str, str]]:
+    """(spec path, "module:attr") of every tool and environment class the spec names."""
+    import json
+
+    env = spec.environment
+    out = [(f"environment.tools[{i}]", t) for i, t in enumerate(env.tools)]
+    if env.factory:
+        out.append(("environment.factory", env.factory))
+    try:
+        named = json.loads(env.factories) if env.factories else {}
+    except ValueError:
+        named = {}  # validate_spec says it is not a mapping
+    out += [(f"environment.factories.{k}", str(v)) for k, v in (named.items() if isinstance(named, dict) else [])]
     return out
 
 

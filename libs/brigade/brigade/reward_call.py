@@ -29,6 +29,9 @@ class RewardCall:
     completion_ids: list[list[int]] | None
     columns: dict[str, list]              # dataset columns, native types, per completion
     trainer_state: TrainerState = field(default_factory=TrainerState)
+    # episodes: each completion's environment instance, as TRL passes `environments`; in-process
+    # functions only (an instance does not travel to a sandboxed function's process)
+    environments: list | None = None
 
     @classmethod
     def for_samples(cls, prompts: Sequence, samples: Sequence, texts: Sequence[str], trainer_state: TrainerState,

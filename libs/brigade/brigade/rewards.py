@@ -43,6 +43,7 @@ refuses the batch and counts it (`rejected/empty` in its step metrics); the run 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib
 import inspect
 import json
@@ -210,8 +211,10 @@ class RewardLog:
 
 
 def call_kwargs(call: RewardCall, rlog: RewardLog) -> dict[str, Any]:
+    extra = {} if call.environments is None else {"environments": call.environments}
     return dict(prompts=call.prompts, completions=call.completions, completion_ids=call.completion_ids,
-                trainer_state=call.trainer_state, log_extra=rlog.log_extra, log_metric=rlog.log_metric, **call.columns)
+                trainer_state=call.trainer_state, log_extra=rlog.log_extra, log_metric=rlog.log_metric,
+                **extra, **call.columns)
 
 
 def run_reward_job(function: str, call: RewardCall, kwargs_json: str = "") -> dict:
@@ -238,6 +241,7 @@ class Scores:
     rejected: dict[str, str] = field(default_factory=dict)  # function -> why its result was refused
     metrics: dict[str, list[float]] = field(default_factory=dict)  # log_metric values, by name
     extra: dict[str, list] = field(default_factory=dict)  # log_extra columns
+    episode_metrics: dict[str, list[float]] = field(default_factory=dict)  # episodes: [sum, count] per metric
 
     @property
     def total(self) -> list[float | None]:
@@ -252,10 +256,21 @@ class Scores:
             out.append(sum(w * v for w, v in scored) if scored else None)
         return out
 
+    def add(self, name: str, values: list[float | None], weight: float = 1.0) -> None:
+        """One more reward part (an environment's own reward: TRL gives it weight 1)."""
+        self.names.append(name)
+        self.parts.append(list(values))
+        self.weights.append(weight)
+
+    def drop(self, i: int) -> None:
+        """Sample i unscored (None in every part): the learner leaves it out (a failed episode)."""
+        for part in self.parts:
+            part[i] = None
+
     def step_metrics(self) -> dict[str, list[float]]:
         """[sum, count] per metric, for the learner to average over a step (TRL averages log_metric
         values over each logging step): log_metric values, numeric log_extra values."""
-        out = {f"metric/{k}": [sum(v), len(v)] for k, v in self.metrics.items() if v}
+        out = {f"metric/{k}": [sum(v), len(v)] for k, v in self.metrics.items() if v} | self.episode_metrics
         for column, values in self.extra.items():
             nums = [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
             if nums:
@@ -334,7 +349,8 @@ class RewardSet:
         n = len(call.completions)
         try:
             if f.sandboxed:
-                doc = await self.sandbox.call(f.name, call, f.kwargs, f.timeout_s)
+                doc = await self.sandbox.call(f.name, dataclasses.replace(call, environments=None), f.kwargs,
+                                              f.timeout_s)
                 raw = doc.get("rewards") if isinstance(doc, dict) else doc
                 if isinstance(doc, dict):
                     rlog.merge(doc)

@@ -10,6 +10,9 @@ One safetensors file per (batch, attempt), N = prompts x group_size samples:
   rewards          float32 [N]     weighted total; NaN where a reward function gave None
   reward_parts     float32 [N, K]  one column per reward function
   group            int32   [N]     index of the prompt within the batch
+  env_mask         int8    [N, C]  episodes only (brigade.episodes): 1 on the environment's tokens inside a
+                                   completion (tool results, user turns): attended as context, never trained;
+                                   their log-probs are 0. Absent: every completion token is the model's.
 
 Metadata (strings) carries run, batch, attempt, policy version, reward names and reward metrics
 (what reward functions logged: name -> [sum, count], averaged over a step by the learner). Decoded text goes
@@ -44,6 +47,7 @@ SPEC = {  # name -> (dtype, rank)
     "reward_parts": (torch.float32, 2),
     "group": (torch.int32, 1),
 }
+OPTIONAL = {"env_mask": (torch.int8, 2)}  # name -> (dtype, rank), checked when present
 
 
 class InvalidRollout(ValueError):
@@ -66,6 +70,7 @@ class Rollout:
     group: torch.Tensor
     reward_names: list[str] = field(default_factory=list)
     reward_metrics: dict[str, list[float]] = field(default_factory=dict)  # name -> [sum, count] (log_metric...)
+    env_mask: torch.Tensor | None = None  # episodes: 1 on the environment's tokens
 
     @property
     def num_samples(self) -> int:
@@ -73,11 +78,21 @@ class Rollout:
 
     @property
     def num_tokens(self) -> int:
-        return int(self.completion_mask.sum())
+        """The model's own completion tokens: the ones that train."""
+        return int(self.loss_mask.sum())
+
+    @property
+    def loss_mask(self) -> torch.Tensor:
+        """completion_mask without the environment's tokens."""
+        if self.env_mask is None:
+            return self.completion_mask
+        return self.completion_mask * (1 - self.env_mask.to(self.completion_mask.dtype))
 
     def to_bytes(self) -> bytes:
         # clone: safetensors refuses tensors that share memory (e.g. rewards and a view of reward_parts)
         tensors = {name: getattr(self, name).to(dtype).contiguous().clone() for name, (dtype, _) in SPEC.items()}
+        if self.env_mask is not None:
+            tensors["env_mask"] = self.env_mask.to(torch.int8).contiguous().clone()
         metadata = {
             "format": FORMAT,
             "run_id": self.run_id,
@@ -109,6 +124,13 @@ def build_rollout(lease: pb.Lease, samples: list[Sample], totals: list[float | N
         completion_ids[i, :lc] = torch.tensor(s.completion_ids)  # right-padded
         completion_mask[i, :lc] = 1
         logprobs[i, :lc] = torch.tensor(s.logprobs)
+    env_mask = None
+    episodes = [getattr(s, "env_mask", None) for s in samples]  # Sample's, or None for a single turn
+    if any(m is not None for m in episodes):
+        env_mask = torch.zeros((n, c), dtype=torch.int8)
+        for i, m in enumerate(episodes):
+            if m:
+                env_mask[i, : len(m)] = torch.tensor(m, dtype=torch.int8)
     nan = float("nan")
     return Rollout(
         run_id=lease.run_id, batch_id=lease.batch.batch_id, attempt=lease.attempt,
@@ -118,7 +140,7 @@ def build_rollout(lease: pb.Lease, samples: list[Sample], totals: list[float | N
         reward_parts=torch.tensor([[nan if v is None else v for v in col] for col in parts],
                                   dtype=torch.float32).T.reshape(n, len(parts)),
         group=torch.tensor([s.group for s in samples], dtype=torch.int32), reward_names=names,
-        reward_metrics=reward_metrics or {},
+        reward_metrics=reward_metrics or {}, env_mask=env_mask,
     )
 
 
@@ -131,13 +153,14 @@ class Limits:
     max_completion_tokens: int    # sampling.max_new_tokens
     max_prompt_tokens: int        # what the model can take besides the completion
     max_reward_parts: int = 64
+    max_turns: int = 1            # model turns of an episode (environment.max_turns); 1: no env_mask allowed
 
     @classmethod
     def for_spec(cls, prompts_per_batch: int, group_size: int, max_new_tokens: int,
-                 max_positions: int | None = None) -> Limits:
+                 max_positions: int | None = None, max_turns: int = 1) -> Limits:
         room = (max_positions or MAX_PROMPT_TOKENS + max_new_tokens) - max_new_tokens
         return cls(max(1, prompts_per_batch) * max(1, group_size), max(1, max_new_tokens),
-                   max(1, min(room, MAX_PROMPT_TOKENS)))
+                   max(1, min(room, MAX_PROMPT_TOKENS)), max_turns=max(1, max_turns))
 
 
 MAX_HEADER_BYTES = 1 << 20    # the safetensors JSON header (tensor table and metadata)
@@ -183,6 +206,15 @@ def _check_table(header: dict, limits: Limits | None) -> None:
         if got != dtype or len(shape) != rank:
             raise InvalidRollout(f"tensor {name!r} is {str(entry.get('dtype'))[:16]} rank {len(shape)}, "
                                  f"expected {dtype} rank {rank}")
+    for name, (dtype, rank) in OPTIONAL.items():
+        entry = header.get(name)
+        if entry is None:
+            continue
+        if not isinstance(entry, dict) or _DTYPES.get(entry.get("dtype")) != dtype or not isinstance(
+                entry.get("shape"), list) or len(entry["shape"]) != rank:
+            raise InvalidRollout(f"tensor {name!r} is not {dtype} rank {rank}")
+        if limits is not None and name == "env_mask" and limits.max_turns <= 1:
+            raise InvalidRollout("rollout holds an episode's env_mask, but the run has no environment")
     if limits is None:
         return
     n, p = header["prompt_ids"]["shape"]
@@ -218,6 +250,26 @@ def _check_values(tensors: dict[str, torch.Tensor], vocab_size: int | None) -> N
         raise InvalidRollout("positive log-probs: a log-probability is never above 0")
 
 
+def _check_episodes(tensors: dict[str, torch.Tensor], max_turns: int | None) -> None:
+    """An episode's env_mask: 0/1, only on completion tokens, never the first one (the model speaks
+    first), log-prob 0 under it, and at most max_turns - 1 replies (runs of 1) per completion."""
+    env, mask = tensors["env_mask"], tensors["completion_mask"]
+    if ((env != 0) & (env != 1)).any():
+        raise InvalidRollout("tensor 'env_mask' holds values other than 0 and 1")
+    if ((env == 1) & (mask == 0)).any():
+        raise InvalidRollout("env_mask marks a token outside the completion")
+    if (env[:, :1] == 1).any():
+        raise InvalidRollout("an episode's completion starts with the environment's tokens, not the model's")
+    if (tensors["logprobs"][env == 1] != 0).any():
+        raise InvalidRollout("an environment token carries a log-prob: only the model's tokens were sampled")
+    if max_turns is not None:
+        starts = (env[:, 1:] == 1) & (env[:, :-1] == 0)  # where a reply begins
+        replies = int(starts.sum(1).max()) if env.shape[1] > 1 else 0
+        if replies > max_turns - 1:
+            raise InvalidRollout(f"an episode holds {replies} environment replies; the run allows at most "
+                                 f"{max_turns - 1} (environment.max_turns {max_turns})")
+
+
 def from_bytes(data: bytes, vocab_size: int | None = None, limits: Limits | None = None) -> Rollout:
     """Parse and check a rollout object: the header's dtypes and shapes (within `limits`, before the
     tensor bytes are read), shapes that agree, masks of 0/1, log-probs <= 0, token ids inside the
@@ -250,6 +302,11 @@ def from_bytes(data: bytes, vocab_size: int | None = None, limits: Limits | None
     if n == 0 or c == 0:
         raise InvalidRollout("rollout object holds no samples or no completion tokens")
     _check_values(tensors, vocab_size)
+    env_mask = tensors.get("env_mask")
+    if env_mask is not None:
+        if tuple(env_mask.shape) != (n, c):
+            raise InvalidRollout(f"tensor 'env_mask' has shape {tuple(env_mask.shape)}, expected {(n, c)}")
+        _check_episodes(tensors, limits.max_turns if limits is not None else None)
     try:
         attempt, version = int(meta["attempt"]), int(meta["policy_version"])
     except (KeyError, ValueError) as e:
@@ -263,7 +320,7 @@ def from_bytes(data: bytes, vocab_size: int | None = None, limits: Limits | None
         raise InvalidRollout("rollout metadata 'reward_metrics' is not a mapping of names to [sum, count]")
     return Rollout(
         run_id=meta.get("run_id", ""), batch_id=meta.get("batch_id", ""), attempt=attempt, policy_version=version,
-        reward_names=names, reward_metrics=metrics, **{name: tensors[name] for name in SPEC},
+        reward_names=names, reward_metrics=metrics, env_mask=env_mask, **{name: tensors[name] for name in SPEC},
     )
 
 

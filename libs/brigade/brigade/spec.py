@@ -175,6 +175,21 @@ FIELDS: tuple[Field, ...] = (
     Field("local_sgd.outer_momentum", 0.9, "Nesterov momentum of the outer optimizer", "[0, 1)"),
     Field("local_sgd.stale_weight", 0.5, "a contribution s versions behind weighs stale_weight^s (beyond "
           "staleness.max_staleness it is dropped)", "(0, 1]"),
+    Field("environment.tools", [], "tools every episode may call: `package.module:function` with type hints and a "
+          "Google-style docstring, as TRL's `tools` ([environments.md](environments.md))"),
+    Field("environment.factory", "", "`package.module:Class`: one instance per episode, TRL's `environment_factory` "
+          "(public methods are tools, `reset` and optional `get_reward`), or a reset/step environment"),
+    Field("environment.factories", "", "a mapping name -> `package.module:Class`; each prompt's `environment` "
+          "column picks one (TRL's dict `environment_factory`)", as_json=True),
+    Field("environment.max_turns", 8, "model turns an episode may take (TRL's max_tool_calling_iterations + 1); "
+          "`sampling.max_new_tokens` bounds all its tokens together", ">= 1"),
+    Field("environment.max_turn_tokens", 0, "tokens one model turn may take; a turn cut here still goes to the "
+          "environment; 0 = what is left of `sampling.max_new_tokens`"),
+    Field("environment.tool_timeout_s", 10.0, "seconds one tool call, reset, step or get_reward may take; past it "
+          "the episode ends with what it has", "> 0"),
+    Field("environment.tool_format", "auto", "`template`: tools through the chat template's own `tools`; `json`: "
+          "a system-message block and `<tool_call>` JSON (templates without tools, SmolLM2's); `auto`: the "
+          "template's when it renders tools", choices=("auto", "template", "json")),
     # the list first: its default entries then get each entry field's default below
     Field("rewards", [{"function": "demo_sum"}], "reward functions, summed by weight", "non-empty"),
     Field("rewards[].function", "", "a built-in (`demo_sum`, `math`, `code_exec`), `package.module:function`, or a "
@@ -187,7 +202,7 @@ FIELDS: tuple[Field, ...] = (
 )
 
 BY_PATH = {f.path: f for f in FIELDS}
-SECTIONS = ("lora", "sampling", "grpo", "staleness", "local_sgd")  # RunSpec's message fields, as mappings in a file
+SECTIONS = ("lora", "sampling", "grpo", "staleness", "local_sgd", "environment")  # RunSpec's message fields, as mappings in a file
 
 
 def _json_object(text: str) -> Any:
@@ -280,7 +295,7 @@ def fill_defaults(spec: pb.RunSpec) -> pb.RunSpec:
     out = pb.RunSpec()
     out.CopyFrom(spec)
     for field in FIELDS:
-        if field.required:
+        if field.required or (field.path == "rewards" and episodic(out)):  # the environment's reward may do
             continue
         for _, holder in _holders(out, field.section):
             if _unset(holder, field.name):
@@ -292,13 +307,26 @@ def validate_spec(spec: pb.RunSpec) -> None:
     """ConfigError naming every bad field by its spec-file path, one line each."""
     problems = []
     for field in FIELDS:
+        if field.path == "rewards" and episodic(spec):
+            continue  # an environment's get_reward may be the only reward (the worker checks it has one)
         for prefix, holder in _holders(spec, field.section):
             if problem := field.problem(getattr(holder, field.name)):
                 problems.append(f"{prefix}{field.name}: {problem}")
     if spec.staleness.lookahead > spec.staleness.max_staleness:
         problems.append(f"staleness.lookahead: must be at most staleness.max_staleness "
                         f"({spec.staleness.max_staleness}), got {spec.staleness.lookahead}")
+    env = spec.environment
+    if env.factory and env.factories:
+        problems.append("environment.factories: set environment.factory (one environment) or environment.factories "
+                        "(several, picked per prompt), not both")
+    if isinstance(named := _json_object(env.factories), dict):
+        if not named:
+            problems.append("environment.factories: must name at least one environment")
+        problems += [f"environment.factories.{k}: must be 'package.module:Class', got {short_repr(str(v))}"
+                     for k, v in named.items() if not isinstance(v, str) or ":" not in v]
     if spec.topology == "local_sgd":  # what a round of local steps replaces
+        if episodic(spec):
+            problems.append("environment: episodes run on rollout workers; topology local_sgd does not run them")
         if spec.sync:
             problems.append("sync: must be false with topology local_sgd (its rounds are the barrier)")
         if spec.local_sgd.local_steps * spec.batches_per_step > MAX_ROUND_LEASES:
@@ -308,6 +336,12 @@ def validate_spec(spec: pb.RunSpec) -> None:
             problems.append("grpo.recompute_logprobs: must be false with topology local_sgd (local rollouts are "
                             "on-policy: each trainer generates with the weights it trains)")
     refuse(problems)
+
+
+def episodic(spec: pb.RunSpec) -> bool:
+    """Whether the run's rollouts are episodes (tools or an environment): brigade.episodes."""
+    env = spec.environment
+    return bool(env.tools or env.factory or env.factories)
 
 
 def admission_capacity(spec: pb.RunSpec) -> int:

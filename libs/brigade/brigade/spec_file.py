@@ -20,7 +20,7 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from brigade.config import ConfigError
-from brigade.spec import BY_PATH, FIELDS, SECTIONS, assign, refuse, short_repr, validate_spec
+from brigade.spec import BY_PATH, FIELDS, SECTIONS, assign, episodic, refuse, short_repr, validate_spec
 from brigade.trl_names import TRL_NAMES, from_trl_names
 from brigade.v1 import brigade_pb2 as pb
 
@@ -96,7 +96,8 @@ def parse_spec(data: Mapping[str, Any]) -> pb.RunSpec:
     _parse_fields(data, spec, "", "", problems)
     for section in SECTIONS:
         _parse_fields(data.get(section), getattr(spec, section), section, f"{section}.", problems)
-    rewards = data.get("rewards", BY_PATH["rewards"].default)
+    # an environment may own the reward (get_reward): then no reward function is implied
+    rewards = data.get("rewards", [] if episodic(spec) else BY_PATH["rewards"].default)
     if isinstance(rewards, list):
         for i, entry in enumerate(rewards):
             _parse_fields(entry, spec.rewards.add(), "rewards[]", f"rewards[{i}].", problems)

@@ -68,9 +68,10 @@ def reward_call_problems(spec: pb.RunSpec, prompts: list[pb.Prompt]) -> list[str
     from brigade.code_policy import BUILTINS
     from brigade.reward_call import RewardCall, TrainerState
     from brigade.rewards import RewardSet
+    from brigade.spec import episodic
 
     plain = [r for r in spec.rewards if not r.sandboxed and (":" in r.function or r.function in BUILTINS)]
-    if not plain:
+    if not plain or episodic(spec):  # an episode's rewards may read its environments, which only a worker has
         return []
     rewards = RewardSet.from_specs(plain, None, device="cpu", trust_remote_code=spec.trust_remote_code)
     samples = [SimpleNamespace(group=i, completion_ids=[]) for i in range(len(prompts))]

@@ -134,6 +134,11 @@ WIRE_BOUNDS: dict[str, Bound] = {
     "RunSpec.hub_model_id": Bound(MAX_ID_CHARS, "a Hub repository id", printable=True),
     **{f"RunSpec.{f}": Bound(MAX_ID_CHARS, "a dataset split, column or configuration name", printable=True)
        for f in ("dataset_split", "eval_split", "prompt_column", "dataset_config")},
+    "EnvironmentSpec.tools": Bound(64, "tools of one run", unit="entries"),
+    "EnvironmentSpec.tools[]": Bound(MAX_ID_CHARS, "a tool's import path", printable=True),
+    "EnvironmentSpec.factory": Bound(MAX_ID_CHARS, "an environment class's import path", printable=True),
+    "EnvironmentSpec.factories": Bound(MAX_TEXT, "environment classes by name, a JSON object"),
+    "EnvironmentSpec.tool_format": _label("one of the spec's choices"),
     "LoraSpec.target_modules": Bound(256, "module names", unit="entries"),
     "LoraSpec.target_modules[]": Bound(MAX_ID_CHARS, "a module name", printable=True),
     **{f"{m}.{f}": _label("one of the spec's choices") for m, f in (

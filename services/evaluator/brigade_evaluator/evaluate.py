@@ -17,7 +17,7 @@ import time
 from brigade import keys
 
 EVAL_GROUP = 4
-_engines: dict[str, object] = {}  # run -> HFEngine, kept across jobs in this worker process
+_engines: dict = {}  # run -> HFEngine (and (run, "episodes") -> its EpisodeRunner), kept across jobs
 _trackers: dict[str, object] = {}  # run -> its experiment trackers (report_to), likewise
 
 
@@ -29,8 +29,20 @@ def _engine(run: str, spec):
     return _engines[run]
 
 
+def _episodes(run: str, spec, engine):
+    """The run's episode runner (tools, environments), or None: kept beside the engine."""
+    from brigade.episodes import EnvironmentCode, EpisodeRunner
+    from brigade.spec import episodic
+
+    if not episodic(spec):
+        return None
+    if (run, "episodes") not in _engines:
+        _engines[(run, "episodes")] = EpisodeRunner(EnvironmentCode.from_spec(spec), engine.tokenizer)
+    return _engines[(run, "episodes")]
+
+
 async def _evaluate(run: str, version: int, bucket_url: str, redis_url: str, rq_url: str = "") -> dict:
-    from brigade import adapters
+    from brigade import adapters, episode_batch
     from brigade.bucket import ObjectExists, open_bucket
     from brigade.datasets import eval_prompts, prompt_value
     from brigade.reward_call import RewardCall, TrainerState
@@ -62,8 +74,11 @@ async def _evaluate(run: str, version: int, bucket_url: str, redis_url: str, rq_
             sampling.CopyFrom(spec.sampling)
             sampling.group_size = EVAL_GROUP
             seed = keys.eval_seed(spec.seed, version)
-            samples = await asyncio.to_thread(engine.generate, [prompt_value(p) for p in prompts], sampling, seed, version,
-                                              lambda: False)
+            runner = _episodes(run, spec, engine)
+            episodes = runner and await asyncio.to_thread(episode_batch.run, runner, engine, prompts, sampling, seed,
+                                                          version, lambda: False)
+            samples = episode_batch.samples(episodes) if episodes else await asyncio.to_thread(
+                engine.generate, [prompt_value(p) for p in prompts], sampling, seed, version, lambda: False)
             texts = engine.tokenizer.batch_decode([s.completion_ids for s in samples], skip_special_tokens=True)
             # sandboxed rewards run as rq jobs on the run's reward queue, served by our own rq worker
             sandbox = None
@@ -72,7 +87,9 @@ async def _evaluate(run: str, version: int, bucket_url: str, redis_url: str, rq_
             rewards = RewardSet.from_specs(spec.rewards, sandbox, device=spec.device,
                                            trust_remote_code=spec.trust_remote_code)
             state = TrainerState(global_step=version, max_steps=spec.max_steps, num_train_epochs=spec.epochs)
-            scores = await rewards.score(RewardCall.for_samples(prompts, samples, texts, state))
+            call = RewardCall.for_samples(prompts, samples, texts, state)
+            scores = await (episode_batch.score(rewards, call, episodes, runner.code.reward_classes(), 0.0) if episodes
+                            else rewards.score(call))
             await rewards.close()
             total = [v for v in scores.total if v is not None and math.isfinite(v)]
             result = {
@@ -81,6 +98,7 @@ async def _evaluate(run: str, version: int, bucket_url: str, redis_url: str, rq_
                 "scored": len(total),
                 "per_function": {n: _mean(p) for n, p in zip(scores.names, scores.parts, strict=True)},
                 "rejected": scores.rejected,  # function -> why its result was refused (nothing scored then)
+                **({"episodes": {k: v[0] / v[1] for k, v in scores.episode_metrics.items()}} if episodes else {}),
                 "eval_s": round(time.monotonic() - started, 3), "time_unix": time.time(),
             }
             try:

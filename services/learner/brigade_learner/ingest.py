@@ -107,7 +107,8 @@ def drop_nonfinite(r: Rollout) -> tuple[Rollout, Counter]:
         "prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "logprobs", "rewards", "reward_parts",
         "group")}
     return Rollout(run_id=r.run_id, batch_id=r.batch_id, attempt=r.attempt, policy_version=r.policy_version,
-                   reward_names=r.reward_names, reward_metrics=r.reward_metrics, **rows), dropped
+                   reward_names=r.reward_names, reward_metrics=r.reward_metrics,
+                   env_mask=None if r.env_mask is None else r.env_mask[keep], **rows), dropped
 
 
 async def fetch(bucket: Bucket, pulled: pb.PulledRollout, run: str, vocab_size: int,

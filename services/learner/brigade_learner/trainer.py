@@ -22,6 +22,7 @@ from peft import PeftModel
 from brigade import adapters
 from brigade.model import attach_lora, completion_logprobs, load_base, pick_device
 from brigade.rollout_format import Limits, Rollout
+from brigade.spec import episodic
 from brigade.v1 import brigade_pb2 as pb
 from brigade_learner.loss import aggregate, group_advantages, token_loss, truncated_is_weight
 
@@ -120,7 +121,7 @@ class Trainer:
         # 1. advantages, and the full batch's normalisers (so micro-batch losses add up exactly)
         advantages = batch_advantages(rollouts, g.scale_rewards)
         num_sequences = sum(r.num_samples for r in rollouts)
-        num_tokens = int(sum(r.completion_mask.sum() for r in rollouts))
+        num_tokens = sum(r.num_tokens for r in rollouts)  # the model's own: an episode's replies do not train
         norms = dict(num_sequences=num_sequences, num_tokens=num_tokens,
                      max_new_tokens=max(self.spec.sampling.max_new_tokens, 1))
         chunks = micro_batches(rollouts, g.micro_batch_tokens)
@@ -134,7 +135,7 @@ class Trainer:
         for i, rows in chunks:
             r = rollouts[i]
             batch = self._tensors(r, rows)
-            behaviour, mask, adv = batch.pop("logprobs"), batch["completion_mask"], advantages[i][rows].to(self.device)
+            behaviour, mask, adv = batch.pop("logprobs"), batch.pop("loss_mask"), advantages[i][rows].to(self.device)
             ref = None
             if g.beta > 0:
                 # the reference is the same network with the adapter switched off: no second copy
@@ -188,7 +189,7 @@ class Trainer:
         return dict(
             prompt_ids=r.prompt_ids[rows].to(d), prompt_mask=r.prompt_mask[rows].to(d, torch.long),
             completion_ids=r.completion_ids[rows].to(d), completion_mask=r.completion_mask[rows].to(d, torch.long),
-            logprobs=r.logprobs[rows].to(d),
+            logprobs=r.logprobs[rows].to(d), loss_mask=r.loss_mask[rows].to(d, torch.long),
         )
 
     @torch.no_grad()
@@ -210,6 +211,7 @@ class Trainer:
                     if rollouts[i].policy_version == version:
                         batch = self._tensors(rollouts[i], rows)
                         batch.pop("logprobs")
+                        batch.pop("loss_mask")
                         out[i][rows] = completion_logprobs(
                             self.model, **batch, temperature=self.spec.sampling.temperature).cpu()
         finally:
@@ -239,7 +241,8 @@ class Trainer:
         """The largest rollout this run's spec can produce, and this model can take."""
         s = self.spec
         return Limits.for_spec(s.prompts_per_batch, s.sampling.group_size, s.sampling.max_new_tokens,
-                               getattr(getattr(self.model, "config", None), "max_position_embeddings", None))
+                               getattr(getattr(self.model, "config", None), "max_position_embeddings", None),
+                               max_turns=s.environment.max_turns if episodic(s) else 1)
 
 
 class _Stats:

@@ -3,7 +3,7 @@
     lease = AcquireLease()                          # back off with jitter while not granted
     while running:
         adapter = cache.get(lease.adapter_version)  # usually prefetched already (WatchRun)
-        samples = generate(batch, G, seed=lease.seed)   # in a thread; heartbeats keep flowing
+        samples = generate(batch, G, seed=lease.seed)   # or episodes; in a thread, heartbeats flow
         rewards = score(samples)
         put_new(rollout object), put_new(text sidecar)  # upload first ...
         lease = CompleteLease(manifest, next=...)       # ... then complete, retried until answered;
@@ -41,7 +41,7 @@ import time
 import grpc
 import structlog
 
-from brigade import code_policy, keys
+from brigade import code_policy, episode_batch, keys
 from brigade.adapters import InvalidAdapter
 from brigade.bucket import (
     Bucket,
@@ -56,12 +56,13 @@ from brigade.bucket import (
 from brigade.datasets import prompt_value
 from brigade.engine import make_engine
 from brigade.engine.base import Engine, Sample, Stopped
+from brigade.episodes import EnvironmentCode, EpisodeRunner
 from brigade.reward_call import RewardCall, TrainerState
 from brigade.reward_sandbox import RqSandbox
 from brigade.rewards import RewardSet
 from brigade.rollout_format import Rollout, build_rollout, from_bytes
 from brigade.rpc import ProxyClient, describe_rpc_error, is_transient
-from brigade.spec import adapter_slots
+from brigade.spec import adapter_slots, episodic
 from brigade.v1 import brigade_pb2 as pb
 from brigade_rollout import metrics
 from brigade_rollout.adapter_cache import AdapterCache
@@ -98,6 +99,7 @@ class Worker:
         self.cache: AdapterCache | None = None
         self.rewards: RewardSet | None = None
         self.spec: pb.RunSpec | None = None
+        self.episodes: EpisodeRunner | None = None  # the run's rollouts are episodes (tools, environments)
         self.stats = {"completed": 0, "duplicates": 0, "revoked": 0, "lost": 0, "failed": 0, "preempted": 0,
                       "rewards_rejected": 0, "key_taken": 0}
         metrics.watch(self.stats)
@@ -182,6 +184,7 @@ class Worker:
         if any(r.sandboxed for r in spec.rewards) and cfg.redis_url:
             sandbox = RqSandbox(cfg.redis_url, keys.reward_queue(cfg.run), start_worker=cfg.reward_workers)
         try:
+            code = EnvironmentCode.from_spec(spec) if episodic(spec) else None
             self.rewards = RewardSet.from_specs(spec.rewards, sandbox, device=cfg.device or spec.device,
                                                 trust_remote_code=spec.trust_remote_code)
         except ValueError as e:
@@ -195,6 +198,10 @@ class Worker:
             except (RuntimeError, ValueError, OSError, ImportError) as e:  # no vllm/GPU, bad model path, ...
                 raise FatalError(f"cannot start the {cfg.engine} engine for model {spec.model!r}: {e}") from e
             self.log.info("engine ready", engine=cfg.engine, model=spec.model, seconds=round(time.monotonic() - t0, 2))
+        try:
+            self.episodes = code and EpisodeRunner(code, self.engine.tokenizer)
+        except ValueError as e:
+            raise FatalError(f"run {cfg.run}: {e}") from e
 
     async def _refuse_run(self, why: str) -> None:
         """The run's spec names code or files this host does not allow: hand one lease back with the
@@ -275,11 +282,14 @@ class Worker:
             metrics.adapter_loaded(adapter.version, time.monotonic() - t0)
             prompts = [prompt_value(p) for p in lease.batch.prompts]
             t_gen = time.monotonic()
-            samples = await asyncio.to_thread(self.engine.generate, prompts, self.spec.sampling, lease.seed,
-                                              lease.adapter_version, stop.is_set)
+            episodes = self.episodes and await asyncio.to_thread(
+                episode_batch.run, self.episodes, self.engine, lease.batch.prompts, self.spec.sampling, lease.seed,
+                lease.adapter_version, stop.is_set)
+            samples = episode_batch.samples(episodes) if episodes else await asyncio.to_thread(
+                self.engine.generate, prompts, self.spec.sampling, lease.seed, lease.adapter_version, stop.is_set)
             t_gen = time.monotonic() - t_gen
             completions = self.engine.tokenizer.batch_decode([s.completion_ids for s in samples], skip_special_tokens=True)
-            scores = await self._score(lease, samples, completions)
+            scores = await self._score(lease, samples, completions, episodes, t_gen)
             self.stats["rewards_rejected"] += bool(scores.rejected)  # uploaded unscored: the learner refuses it
             if stop.is_set():
                 raise Stopped()
@@ -336,10 +346,13 @@ class Worker:
         except (ObjectNotFound, CorruptObject, InvalidAdapter) as e:
             raise BatchError(f"adapter v{version} is unusable: {e}") from e
 
-    async def _score(self, lease: pb.Lease, samples: list[Sample], completions: list[str]):
+    async def _score(self, lease: pb.Lease, samples: list[Sample], completions: list[str], episodes=None, gen_s=0.0):
         state = TrainerState(global_step=lease.adapter_version, max_steps=self.spec.max_steps,
                              epoch=float(lease.batch.epoch), num_train_epochs=self.spec.epochs)
-        return await self.rewards.score(RewardCall.for_samples(lease.batch.prompts, samples, completions, state))
+        call = RewardCall.for_samples(lease.batch.prompts, samples, completions, state)
+        if episodes is None:
+            return await self.rewards.score(call)
+        return await episode_batch.score(self.rewards, call, episodes, self.episodes.code.reward_classes(), gen_s)
 
     async def _upload(self, lease: pb.Lease, samples, completions, scores, payload: str, t0: float) -> pb.RolloutManifest:
         cfg = self.cfg

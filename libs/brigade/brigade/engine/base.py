@@ -2,6 +2,7 @@
 
     engine.load_adapter(version, state)       # state None = version 0 (the fresh LoRA)
     engine.generate(prompts, sampling, seed, adapter_version, should_stop) -> list[Sample]
+    engine.generate_tokens(rows, sampling, max_new_tokens, seed, adapter_version, should_stop)  # episodes
 
 A prompt is a string or a list of chat messages; every engine turns it into token ids with
 `brigade.chat.prompt_ids`, so the ids do not depend on the engine.
@@ -40,6 +41,7 @@ class Sample:
     completion_ids: list[int]   # generated tokens up to and including eos
     logprobs: list[float]       # behaviour log-prob of each completion token
     finished: bool              # ended with eos (else cut at max_new_tokens)
+    env_mask: list[int] | None = None  # an episode's: 1 on the environment's tokens (context, not trained)
 
 
 class Engine(Protocol):
@@ -51,3 +53,9 @@ class Engine(Protocol):
 
     def generate(self, prompts: list[Prompt], sampling: pb.SamplingSpec, seed: int, adapter_version: int,
                  should_stop: StopFn) -> list[Sample]: ...
+
+    def generate_tokens(self, rows: list[list[int]], sampling: pb.SamplingSpec, max_new_tokens: int, seed: int,
+                        adapter_version: int, should_stop: StopFn) -> list[Sample]:
+        """One sample per row of token ids, at most max_new_tokens each: an episode's next turn
+        (brigade.episodes). Sample.group is the row's index."""
+        ...

@@ -142,8 +142,24 @@ class HFEngine:
                 out += self._generate_rows(rows[i : i + self.max_rows], sampling, seed + i, should_stop)
             return out
 
+    @torch.inference_mode()
+    def generate_tokens(self, rows: list[list[int]], sampling: pb.SamplingSpec, max_new_tokens: int, seed: int,
+                        adapter_version: int, should_stop: StopFn) -> list[Sample]:
+        """One sample per row of token ids (an episode's history); Sample.group is the row's index."""
+        with self._lock:
+            if adapter_version != self.version:
+                raise WrongAdapter(f"asked for adapter v{adapter_version}, v{self.version} is loaded")
+            indexed = list(enumerate(rows))
+            out: list[Sample] = []
+            for i in range(0, len(indexed), self.max_rows):
+                if should_stop():
+                    raise Stopped()
+                out += self._generate_rows(indexed[i : i + self.max_rows], sampling, seed + i, should_stop,
+                                           max_new_tokens)
+            return out
+
     def _generate_rows(self, rows: list[tuple[int, list[int]]], sampling: pb.SamplingSpec, seed: int,
-                       should_stop: StopFn) -> list[Sample]:
+                       should_stop: StopFn, max_new_tokens: int | None = None) -> list[Sample]:
         tok = self.tokenizer
         enc = left_padded([p for _, p in rows], tok.pad_token_id, self.device)
         mask = enc["attention_mask"]
@@ -151,7 +167,8 @@ class HFEngine:
         tap = _Tap(warp, should_stop)
         # temperature/top-k/top-p are off here and applied by our processor instead
         config = GenerationConfig(
-            do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=sampling.max_new_tokens,
+            do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+            max_new_tokens=max_new_tokens or sampling.max_new_tokens,
             pad_token_id=tok.pad_token_id, eos_token_id=self.eos_ids, bos_token_id=tok.bos_token_id,
         )
         dev = self.device

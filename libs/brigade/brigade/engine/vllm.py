@@ -89,12 +89,14 @@ def token_prompts(tokenizer, prompts: list[ChatPrompt]) -> list[dict[str, list[i
     return [{"prompt_token_ids": prompt_ids(tokenizer, p)} for p in prompts]
 
 
-def sampling_kwargs(sampling: pb.SamplingSpec, seed: int, index: int) -> dict[str, Any]:
-    """SamplingParams for prompt `index` of a batch: its own seed, so prompts do not share noise."""
+def sampling_kwargs(sampling: pb.SamplingSpec, seed: int, index: int, n: int | None = None,
+                    max_tokens: int | None = None) -> dict[str, Any]:
+    """SamplingParams for prompt `index` of a batch: its own seed, so prompts do not share noise.
+    An episode's turn asks for one sample (n=1) of at most what its budget has left."""
     return dict(
-        n=sampling.group_size, seed=(seed + index) & (2**63 - 1), temperature=sampling.temperature,
+        n=n or sampling.group_size, seed=(seed + index) & (2**63 - 1), temperature=sampling.temperature,
         top_p=sampling.top_p or 1.0, top_k=sampling.top_k if sampling.top_k > 0 else -1,
-        max_tokens=sampling.max_new_tokens, logprobs=0,
+        max_tokens=max_tokens or sampling.max_new_tokens, logprobs=0,
     )
 
 
@@ -190,6 +192,21 @@ class VLLMEngine:
 
     def generate(self, prompts: list[ChatPrompt], sampling: pb.SamplingSpec, seed: int, adapter_version: int,
                  should_stop: StopFn) -> list[Sample]:
+        return self._generate(token_prompts(self.tokenizer, prompts), sampling_kwargs(sampling, seed, 0), adapter_version,
+                              should_stop)
+
+    def generate_tokens(self, rows: list[list[int]], sampling: pb.SamplingSpec, max_new_tokens: int, seed: int,
+                        adapter_version: int, should_stop: StopFn) -> list[Sample]:
+        """An episode turn per row (brigade.episodes): each row is its episode's whole history, and
+        the prefix cache (enable_prefix_caching) keeps the earlier turns' KV, so a turn costs its new
+        tokens, not the history's."""
+        return self._generate([{"prompt_token_ids": list(r)} for r in rows],
+                              sampling_kwargs(sampling, seed, 0, n=1, max_tokens=max_new_tokens), adapter_version,
+                              should_stop)
+
+    def _generate(self, prompts: list[dict], params: dict[str, Any], adapter_version: int,
+                  should_stop: StopFn) -> list[Sample]:
+        """Token prompts in chunks; prompt i of the batch gets its own seed (params' seed + i)."""
         from vllm import SamplingParams
 
         if adapter_version != self.version:
@@ -198,9 +215,10 @@ class VLLMEngine:
         for start in range(0, len(prompts), self.chunk_prompts):
             if should_stop():
                 raise Stopped()
-            chunk = token_prompts(self.tokenizer, prompts[start : start + self.chunk_prompts])
-            params = [SamplingParams(**sampling_kwargs(sampling, seed, start + i)) for i in range(len(chunk))]
-            results = self.llm.generate(chunk, params, lora_request=self._request, use_tqdm=False)
+            chunk = prompts[start : start + self.chunk_prompts]
+            seeded = [SamplingParams(**params | {"seed": (params["seed"] + start + i) & (2**63 - 1)})
+                      for i in range(len(chunk))]
+            results = self.llm.generate(chunk, seeded, lora_request=self._request, use_tqdm=False)
             for s in samples_from_outputs(results, self.tokenizer.eos_token_id):
                 s.group += start
                 out.append(s)

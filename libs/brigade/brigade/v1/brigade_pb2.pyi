@@ -89,6 +89,24 @@ class RewardSpec(_message.Message):
     kwargs: str
     def __init__(self, function: _Optional[str] = ..., weight: _Optional[float] = ..., sandboxed: _Optional[bool] = ..., timeout_s: _Optional[float] = ..., kwargs: _Optional[str] = ...) -> None: ...
 
+class EnvironmentSpec(_message.Message):
+    __slots__ = ("tools", "factory", "factories", "max_turns", "tool_timeout_s", "tool_format", "max_turn_tokens")
+    TOOLS_FIELD_NUMBER: _ClassVar[int]
+    FACTORY_FIELD_NUMBER: _ClassVar[int]
+    FACTORIES_FIELD_NUMBER: _ClassVar[int]
+    MAX_TURNS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    TOOL_FORMAT_FIELD_NUMBER: _ClassVar[int]
+    MAX_TURN_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    tools: _containers.RepeatedScalarFieldContainer[str]
+    factory: str
+    factories: str
+    max_turns: int
+    tool_timeout_s: float
+    tool_format: str
+    max_turn_tokens: int
+    def __init__(self, tools: _Optional[_Iterable[str]] = ..., factory: _Optional[str] = ..., factories: _Optional[str] = ..., max_turns: _Optional[int] = ..., tool_timeout_s: _Optional[float] = ..., tool_format: _Optional[str] = ..., max_turn_tokens: _Optional[int] = ...) -> None: ...
+
 class LocalSgdSpec(_message.Message):
     __slots__ = ("local_steps", "upload_seconds", "min_contributions", "round_timeout_s", "merge", "outer_optimizer", "outer_lr", "outer_momentum", "stale_weight")
     LOCAL_STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -112,7 +130,7 @@ class LocalSgdSpec(_message.Message):
     def __init__(self, local_steps: _Optional[int] = ..., upload_seconds: _Optional[float] = ..., min_contributions: _Optional[int] = ..., round_timeout_s: _Optional[float] = ..., merge: _Optional[str] = ..., outer_optimizer: _Optional[str] = ..., outer_lr: _Optional[float] = ..., outer_momentum: _Optional[float] = ..., stale_weight: _Optional[float] = ...) -> None: ...
 
 class RunSpec(_message.Message):
-    __slots__ = ("run_id", "model", "dtype", "device", "lora", "sampling", "grpo", "staleness", "rewards", "prompts_per_batch", "batches_per_step", "max_steps", "publish_every", "checkpoint_every", "seed", "adapter_payload", "eval_every", "sync", "epochs", "dataset", "eval_dataset", "revision", "trust_remote_code", "dataset_split", "eval_split", "prompt_column", "dataset_config", "report_to", "topology", "local_sgd", "push_to_hub", "hub_model_id")
+    __slots__ = ("run_id", "model", "dtype", "device", "lora", "sampling", "grpo", "staleness", "rewards", "prompts_per_batch", "batches_per_step", "max_steps", "publish_every", "checkpoint_every", "seed", "adapter_payload", "eval_every", "sync", "epochs", "dataset", "eval_dataset", "revision", "trust_remote_code", "dataset_split", "eval_split", "prompt_column", "dataset_config", "report_to", "topology", "local_sgd", "push_to_hub", "hub_model_id", "environment")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -145,6 +163,7 @@ class RunSpec(_message.Message):
     LOCAL_SGD_FIELD_NUMBER: _ClassVar[int]
     PUSH_TO_HUB_FIELD_NUMBER: _ClassVar[int]
     HUB_MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    ENVIRONMENT_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     model: str
     dtype: str
@@ -177,7 +196,8 @@ class RunSpec(_message.Message):
     local_sgd: LocalSgdSpec
     push_to_hub: bool
     hub_model_id: str
-    def __init__(self, run_id: _Optional[str] = ..., model: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., lora: _Optional[_Union[LoraSpec, _Mapping]] = ..., sampling: _Optional[_Union[SamplingSpec, _Mapping]] = ..., grpo: _Optional[_Union[GrpoSpec, _Mapping]] = ..., staleness: _Optional[_Union[StalenessSpec, _Mapping]] = ..., rewards: _Optional[_Iterable[_Union[RewardSpec, _Mapping]]] = ..., prompts_per_batch: _Optional[int] = ..., batches_per_step: _Optional[int] = ..., max_steps: _Optional[int] = ..., publish_every: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., seed: _Optional[int] = ..., adapter_payload: _Optional[str] = ..., eval_every: _Optional[int] = ..., sync: _Optional[bool] = ..., epochs: _Optional[int] = ..., dataset: _Optional[str] = ..., eval_dataset: _Optional[str] = ..., revision: _Optional[str] = ..., trust_remote_code: _Optional[bool] = ..., dataset_split: _Optional[str] = ..., eval_split: _Optional[str] = ..., prompt_column: _Optional[str] = ..., dataset_config: _Optional[str] = ..., report_to: _Optional[_Iterable[str]] = ..., topology: _Optional[str] = ..., local_sgd: _Optional[_Union[LocalSgdSpec, _Mapping]] = ..., push_to_hub: _Optional[bool] = ..., hub_model_id: _Optional[str] = ...) -> None: ...
+    environment: EnvironmentSpec
+    def __init__(self, run_id: _Optional[str] = ..., model: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., lora: _Optional[_Union[LoraSpec, _Mapping]] = ..., sampling: _Optional[_Union[SamplingSpec, _Mapping]] = ..., grpo: _Optional[_Union[GrpoSpec, _Mapping]] = ..., staleness: _Optional[_Union[StalenessSpec, _Mapping]] = ..., rewards: _Optional[_Iterable[_Union[RewardSpec, _Mapping]]] = ..., prompts_per_batch: _Optional[int] = ..., batches_per_step: _Optional[int] = ..., max_steps: _Optional[int] = ..., publish_every: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., seed: _Optional[int] = ..., adapter_payload: _Optional[str] = ..., eval_every: _Optional[int] = ..., sync: _Optional[bool] = ..., epochs: _Optional[int] = ..., dataset: _Optional[str] = ..., eval_dataset: _Optional[str] = ..., revision: _Optional[str] = ..., trust_remote_code: _Optional[bool] = ..., dataset_split: _Optional[str] = ..., eval_split: _Optional[str] = ..., prompt_column: _Optional[str] = ..., dataset_config: _Optional[str] = ..., report_to: _Optional[_Iterable[str]] = ..., topology: _Optional[str] = ..., local_sgd: _Optional[_Union[LocalSgdSpec, _Mapping]] = ..., push_to_hub: _Optional[bool] = ..., hub_model_id: _Optional[str] = ..., environment: _Optional[_Union[EnvironmentSpec, _Mapping]] = ...) -> None: ...
 
 class Prompt(_message.Message):
     __slots__ = ("id", "text", "columns", "messages_json", "columns_json")
