@@ -145,3 +145,29 @@ def test_a_dataset_object_is_written_once_into_the_runs_bucket(tmp_path):
     assert trainer._upload("dataset", rows) == uri  # the same rows again: fine
     with pytest.raises(ConfigError, match="already holds a different runs/run/data/train.jsonl"):
         trainer._upload("dataset", [{"prompt": "2+2=", "answer": 4}])
+
+
+class TopLevelEnv:
+    def reset(self, **row):
+        return None
+
+    def get_reward(self) -> float:
+        return 1.0
+
+
+def test_trls_tools_and_environment_factory_become_the_environment_section(tmp_path):
+    spec = build_spec({"tools": ["brigade.recipes.missing_number:final_answer_format"],
+                       "environment_factory": "brigade.recipes.missing_number:Hint", "max_tool_calling_iterations": 3})
+    assert list(spec.environment.tools) == ["brigade.recipes.missing_number:final_answer_format"]
+    assert (spec.environment.factory, spec.environment.max_turns) == ("brigade.recipes.missing_number:Hint", 4)
+    several = build_spec({"environment_factory": {"a": "brigade.recipes.missing_number:Hint"}})
+    assert '"a"' in several.environment.factories and not several.environment.factory
+    with pytest.raises(ConfigError, match="give one"):
+        build_spec({"max_tool_calling_iterations": 1, "environment": {"max_turns": 5}})
+    # GRPOTrainer: the class goes as its import path; the environment's get_reward may be the only reward
+    trainer = GRPOTrainer(model="demo", args=brigade.GRPOConfig(output_dir=str(tmp_path / "run")),
+                          train_dataset="demo", environment_factory=TopLevelEnv, tools=[top_level_reward])
+    env = trainer.data["environment"]
+    assert env["factory"] == "test_trl_names:TopLevelEnv" and env["tools"] == ["test_trl_names:top_level_reward"]
+    assert trainer.data["rewards"] == []
+    assert str(Path(__file__).parent) in trainer.pythonpath

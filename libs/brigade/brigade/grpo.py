@@ -91,8 +91,9 @@ class GRPOTrainer:
     fleet that is already running instead of starting one here (`token` its credential, `bucket`
     its bucket, needed there for a dataset object); `workers`: rollout workers started here."""
 
-    def __init__(self, model: str, reward_funcs: Any, args: GRPOConfig | None = None, train_dataset: Any = None,
-                 eval_dataset: Any = None, peft_config: Any = None, processing_class: Any = None, *,
+    def __init__(self, model: str, reward_funcs: Any = None, args: GRPOConfig | None = None, train_dataset: Any = None,
+                 eval_dataset: Any = None, peft_config: Any = None, processing_class: Any = None,
+                 tools: list | None = None, environment_factory: Any = None, *,
                  proxy: str = "", token: str = "", bucket: str = "", workers: int = 1):
         if not isinstance(model, str):
             raise TypeError("GRPOTrainer(model=...) takes the model's Hub id, folder, GGUF file or package name "
@@ -106,7 +107,9 @@ class GRPOTrainer:
             raise TypeError("args: a brigade.GRPOConfig (TRL's keyword names work there), not "
                             f"{type(self.args).__module__}.{type(self.args).__name__}")
         self.proxy, self.token, self.workers = proxy, token, workers
-        self.rewards, self.pythonpath = reward_entries(reward_funcs)
+        self.rewards, self.pythonpath = reward_entries(reward_funcs or [])
+        environment, paths = environment_entries(tools, environment_factory)
+        self.pythonpath = list(dict.fromkeys([*self.pythonpath, *paths]))
         self.datasets = {"dataset": train_dataset, "eval_dataset": eval_dataset}
         data = self.args.spec_data()
         # TRL's run_name defaults to output_dir; brigade's run id likewise (its folder's name)
@@ -116,6 +119,8 @@ class GRPOTrainer:
             data.setdefault("eval_every", 0)
             data.setdefault("eval_dataset", "")
         data["model"] = model
+        if environment:
+            data["environment"] = {**data.get("environment", {}), **environment}
         weights = self.args.settings.get("reward_weights")
         data["rewards"] = self.rewards if weights is None else weighted_rewards(self.rewards, weights)
         if peft_config is not None:
@@ -243,24 +248,53 @@ def reward_entries(reward_funcs: Any) -> tuple[list[dict], list[str]]:
         if isinstance(fn, str):
             entries.append({"function": fn})
             continue
-        module, name = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
-        if not callable(fn) or not module or not name:
-            raise TypeError(f"reward_funcs: {fn!r} is neither a function nor a spec entry (a string)")
-        if "<" in name or "." in name:  # <lambda>, f.<locals>.g, a method
-            raise TypeError(f"reward_funcs: {module}.{name} has no import path the services can use "
-                            "(a lambda, a closure or a method); define it at the top level of a module")
-        if module == "__main__":
-            main = sys.modules["__main__"]
-            script = getattr(main, "__file__", None)
-            if not script:
-                raise TypeError(f"reward_funcs: {name} is defined in a notebook or an interactive session, which "
-                                "the services cannot import; put it in a .py file next to the notebook and import it")
-            module = Path(script).stem
-            paths.append(str(Path(script).resolve().parent))
-        elif (file := inspect.getsourcefile(fn)) and "-packages" not in file:
-            paths.append(str(_package_root(Path(file), module)))  # a module of the user's, wherever it is
-        entries.append({"function": f"{module}:{name}"})
+        target, path = import_path(fn, "reward_funcs")
+        entries.append({"function": target})
+        paths += path
     return entries, list(dict.fromkeys(paths))
+
+
+def environment_entries(tools: Any, environment_factory: Any) -> tuple[dict, list[str]]:
+    """The spec's `environment` section for TRL's tools and environment_factory (a class, or a
+    mapping name -> class), and the folders the services need to import them."""
+    out: dict = {}
+    paths: list[str] = []
+
+    def path_of(obj: Any, what: str) -> str:
+        if isinstance(obj, str):
+            return obj
+        target, where = import_path(obj, what)
+        paths.extend(where)
+        return target
+
+    if tools:
+        out["tools"] = [path_of(t, "tools") for t in tools]
+    if isinstance(environment_factory, dict):
+        out["factories"] = {str(k): path_of(v, "environment_factory") for k, v in environment_factory.items()}
+    elif environment_factory is not None:
+        out["factory"] = path_of(environment_factory, "environment_factory")
+    return out, paths
+
+
+def import_path(obj: Any, what: str) -> tuple[str, list[str]]:
+    """`module:name` for a function or class the services can import, and the folder to put on
+    their PYTHONPATH (none for an installed package)."""
+    module, name = getattr(obj, "__module__", None), getattr(obj, "__qualname__", "")
+    if not callable(obj) or not module or not name:
+        raise TypeError(f"{what}: {obj!r} is neither a function or class nor an import path (a string)")
+    if "<" in name or "." in name:  # <lambda>, f.<locals>.g, a method
+        raise TypeError(f"{what}: {module}.{name} has no import path the services can use "
+                        "(a lambda, a closure or a method); define it at the top level of a module")
+    if module == "__main__":
+        script = getattr(sys.modules["__main__"], "__file__", None)
+        if not script:
+            raise TypeError(f"{what}: {name} is defined in a notebook or an interactive session, which "
+                            "the services cannot import; put it in a .py file next to the notebook and import it")
+        return f"{Path(script).stem}:{name}", [str(Path(script).resolve().parent)]
+    file = inspect.getsourcefile(obj)
+    if file and "-packages" not in file:  # a module of the user's, wherever it is
+        return f"{module}:{name}", [str(_package_root(Path(file), module))]
+    return f"{module}:{name}", []
 
 
 def _package_root(file: Path, module: str) -> Path:

@@ -43,6 +43,7 @@ RENAMED = {
     "save_steps": "checkpoint_every",
     "eval_steps": "eval_every",
     "model_revision": "revision",
+    "tools": "environment.tools",
 }
 # TRL spells some values differently
 VALUES = {
@@ -55,6 +56,8 @@ SPECIAL = {
     "reward_weights": "one weight per reward function, into rewards[i].weight",
     "bf16": "dtype: bfloat16", "fp16": "dtype: float16", "use_cpu": "device: cpu",
     "model_init_kwargs": "revision, trust_remote_code and dtype, into the spec's fields of those names",
+    "environment_factory": "environment.factory (a class's import path) or environment.factories (a mapping)",
+    "max_tool_calling_iterations": "environment.max_turns, one more (a model turn follows each tool round)",
 }
 # model_init_kwargs keys -> spec fields (any other key is refused: every service loads the model its way)
 MODEL_INIT = {"revision": "revision", "trust_remote_code": "trust_remote_code", "dtype": "dtype",
@@ -102,7 +105,6 @@ REFUSED: dict[str, tuple[Any, str]] = {
     "adam_beta1": (0.9, "AdamW with torch's betas"), "adam_beta2": (0.999, "AdamW with torch's betas"),
     "adam_epsilon": (1e-8, "AdamW with torch's epsilon"),
     "warmup_ratio": (0.0, "give warmup_steps"),
-    "tools": (None, "tool-using episodes are not supported yet"),
 }
 
 TRL_NAMES = (*RENAMED, *BATCH, *SPECIAL, *NO_EFFECT, *REFUSED)
@@ -162,6 +164,10 @@ def _special(name: str, value: Any, out: dict, problems: list[str]) -> None:
         _set(out, "dtype", "bfloat16" if name == "bf16" else "float16", name, problems)
     elif name == "use_cpu" and value:
         _set(out, "device", "cpu", name, problems)
+    elif name == "environment_factory" and value:
+        _set(out, "environment.factories" if isinstance(value, dict) else "environment.factory", value, name, problems)
+    elif name == "max_tool_calling_iterations" and value is not None:
+        _set(out, "environment.max_turns", int(value) + 1, name, problems)
     elif name == "model_init_kwargs" and value:
         for key, v in dict(value).items():
             if key not in MODEL_INIT:
