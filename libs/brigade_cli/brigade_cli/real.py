@@ -25,13 +25,14 @@ EVAL_SEED = 1234
 
 def write_recipe(folder: Path, run_id: str, overrides: dict | None = None, recipe: str = "short") -> Path:
     """The data (train.jsonl, heldout.jsonl) and the run spec (real.yaml) of `recipe` (a name in
-    word_problems.RECIPES) in `folder`; dataset paths are absolute, so `brigade up` may run from anywhere."""
+    brigade.recipes.RECIPES) in `folder`; dataset paths are absolute, so `brigade up` may run from anywhere."""
     import yaml
 
-    from brigade.recipes.word_problems import DATA_DIR, RECIPES, write_dataset
+    from brigade.recipes import RECIPES
+    from brigade.recipes.word_problems import DATA_DIR
 
-    run, system = RECIPES[recipe]
-    paths = write_dataset(folder / DATA_DIR, system=system)
+    run, write_dataset = RECIPES[recipe]
+    paths = write_dataset(folder / DATA_DIR)
     spec = _merged(run, overrides or {}) | {"run_id": run_id, "dataset": str(paths["train"]),
                                             "eval_dataset": str(paths["heldout"])}
     path = folder / "real.yaml"
@@ -47,28 +48,41 @@ def _merged(base: dict, over: dict) -> dict:
 
 
 def heldout_accuracy(spec, states: dict[int, dict | None], samples: int = EVAL_SAMPLES, seed: int = EVAL_SEED,
-                     engine=None) -> dict[int, float]:
-    """version -> the share of held-out completions the recipe's `correct` scores 1, with
+                     engine=None, environment: bool = True) -> dict[int, float]:
+    """version -> the share of held-out completions whose last number is the answer, with
     `samples` completions per prompt at the run's sampling settings and the same seed for every
-    version (state None = the base model: version 0, the fresh LoRA)."""
+    version (state None = the base model: version 0, the fresh LoRA). A run with an environment
+    is scored on its episodes; `environment=False` scores the same model answering alone, in one
+    turn of at most `environment.max_turn_tokens` tokens (what the environment adds)."""
+    from brigade import episode_batch
     from brigade.datasets import eval_prompts, prompt_value, row_columns
     from brigade.engine.hf import HFEngine
-    from brigade.recipes.word_problems import correct
+    from brigade.episodes import EnvironmentCode, EpisodeRunner
+    from brigade.recipes.missing_number import final_answer_correct
+    from brigade.spec import episodic
     from brigade.v1 import brigade_pb2 as pb
 
     engine = engine or HFEngine.from_spec(spec)
+    runner = EpisodeRunner(EnvironmentCode.from_spec(spec), engine.tokenizer) if episodic(spec) else None
     prompts = eval_prompts(spec)
     sampling = pb.SamplingSpec()
     sampling.CopyFrom(spec.sampling)
     sampling.group_size = samples
+    if runner is not None and not environment:
+        sampling.max_new_tokens = spec.environment.max_turn_tokens or sampling.max_new_tokens
     answers = [row_columns(p)["answer"] for p in prompts]
     out = {}
     for version, state in states.items():
         engine.load_adapter(0, None)  # a version number is not an identity across runs: always swap in
         engine.load_adapter(version, state)
-        got = engine.generate([prompt_value(p) for p in prompts], sampling, seed, version, lambda: False)
-        texts = engine.tokenizer.batch_decode([s.completion_ids for s in got], skip_special_tokens=True)
-        scores = correct(texts, [answers[s.group] for s in got])
+        if runner is not None and environment:
+            episodes = episode_batch.run(runner, engine, prompts, sampling, seed, version, lambda: False)
+            completions, groups = [e.completion for e in episodes], [e.group for e in episodes]
+        else:
+            got = engine.generate([prompt_value(p) for p in prompts], sampling, seed, version, lambda: False)
+            completions = engine.tokenizer.batch_decode([s.completion_ids for s in got], skip_special_tokens=True)
+            groups = [s.group for s in got]
+        scores = final_answer_correct(completions, [answers[g] for g in groups])
         out[version] = sum(scores) / len(scores)
     return out
 
@@ -95,13 +109,15 @@ def real(
     max_wall: float = typer.Option(2400.0, "--max-wall", help="Stop the run after this many seconds."),
     recipe: str = typer.Option("short", "--recipe",
                                help="short: answer with the number, 12 new tokens (training takes most of a step); "
-                                    "gen: work it out first, up to 128 new tokens (generation does)."),
+                                    "gen: work it out first, up to 128 new tokens (generation does); "
+                                    "episodes: a number is missing, and the environment tells it after a wrong "
+                                    "answer (two turns)."),
 ) -> None:
     """The real-model recipe: SmolLM2-135M-Instruct on generated word problems, base vs final
     held-out accuracy at the end."""
     import torch
 
-    from brigade.recipes.word_problems import RECIPES
+    from brigade.recipes import RECIPES
     from brigade.spec_file import build_spec
 
     if recipe not in RECIPES:
@@ -143,6 +159,11 @@ def real(
               "minutes": round(minutes, 1), "heldout_base": round(acc[0], 4),
               "heldout_final": round(acc[version], 4), "final_version": version,
               "load_average": " ".join(f"{x:.2f}" for x in os.getloadavg())}
+    if spec.HasField("environment") and (spec.environment.factory or spec.environment.factories):
+        alone = heldout_accuracy(spec, states, environment=False)  # the same models without the environment
+        result |= {"heldout_base_without_environment": round(alone[0], 4),
+                   "heldout_final_without_environment": round(alone[version], 4)}
+        typer.echo(f"without the environment (one turn): base {alone[0]:.3f}, final {alone[version]:.3f}")
     (folder / "real-summary.json").write_text(json.dumps(result, indent=2) + "\n")
     typer.echo(f"held-out accuracy: base {acc[0]:.3f} -> final (v{version}) {acc[version]:.3f} "
                f"({100 * (acc[version] - acc[0]):+.1f} points) in {minutes:.1f} min")

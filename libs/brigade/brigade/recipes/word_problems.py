@@ -54,9 +54,7 @@ def make_splits(seed: int = SEED, system: str = SYSTEM) -> dict[str, list[dict]]
     """{"train": rows, "heldout": rows}; a row is {"prompt": [messages], "answer": int, "a", "b"}.
     The same seed gives the same rows, in the same order, whichever the system message."""
     rng = random.Random(seed)
-    pairs = [(a, b) for a in range(1, 10) for b in range(1, 10)]
-    rng.shuffle(pairs)
-    heldout, train = pairs[:HELDOUT_PAIRS], pairs[HELDOUT_PAIRS:]
+    heldout, train = pair_splits(rng)
 
     def rows(pairs: list[tuple[int, int]], per_pair: int) -> list[dict]:
         out = []
@@ -71,16 +69,28 @@ def make_splits(seed: int = SEED, system: str = SYSTEM) -> dict[str, list[dict]]
     return {"train": rows(train, TRAIN_PER_PAIR), "heldout": rows(heldout, HELDOUT_PER_PAIR)}
 
 
-def write_dataset(folder: str | Path, seed: int = SEED, system: str = SYSTEM) -> dict[str, Path]:
-    """train.jsonl and heldout.jsonl in `folder` (what the run spec's dataset fields name)."""
+def pair_splits(rng: random.Random) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """(held-out, training) pairs (a, b) of digits 1-9: HELDOUT_PAIRS of them held out."""
+    pairs = [(a, b) for a in range(1, 10) for b in range(1, 10)]
+    rng.shuffle(pairs)
+    return pairs[:HELDOUT_PAIRS], pairs[HELDOUT_PAIRS:]
+
+
+def write_splits(folder: str | Path, splits: dict[str, list[dict]]) -> dict[str, Path]:
+    """{split}.jsonl in `folder` for each split (what the run spec's dataset fields name)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     paths = {}
-    for split, rows in make_splits(seed, system).items():
+    for split, rows in splits.items():
         path = folder / f"{split}.jsonl"
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
         paths[split] = path
     return paths
+
+
+def write_dataset(folder: str | Path, seed: int = SEED, system: str = SYSTEM) -> dict[str, Path]:
+    """train.jsonl and heldout.jsonl in `folder`."""
+    return write_splits(folder, make_splits(seed, system))
 
 
 def _text(completion) -> str:
