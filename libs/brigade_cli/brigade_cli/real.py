@@ -28,16 +28,26 @@ def write_recipe(folder: Path, run_id: str, overrides: dict | None = None, recip
     brigade.recipes.RECIPES) in `folder`; dataset paths are absolute, so `brigade up` may run from anywhere."""
     import yaml
 
-    from brigade.recipes import RECIPES
     from brigade.recipes.word_problems import DATA_DIR
 
-    run, write_dataset = RECIPES[recipe]
+    run, write_dataset = recipes()[recipe]
     paths = write_dataset(folder / DATA_DIR)
     spec = _merged(run, overrides or {}) | {"run_id": run_id, "dataset": str(paths["train"]),
                                             "eval_dataset": str(paths["heldout"])}
     path = folder / "real.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
+
+
+def recipes() -> dict:
+    """The recipes `--recipe` names: name -> (run spec, dataset writer taking the data folder)."""
+    import functools
+
+    from brigade.recipes import missing_number, word_problems
+
+    return {**{name: (run, functools.partial(word_problems.write_dataset, system=system))
+               for name, (run, system) in word_problems.RECIPES.items()},
+            "episodes": (missing_number.RUN, missing_number.write_dataset)}
 
 
 def _merged(base: dict, over: dict) -> dict:
@@ -117,11 +127,10 @@ def real(
     held-out accuracy at the end."""
     import torch
 
-    from brigade.recipes import RECIPES
     from brigade.spec_file import build_spec
 
-    if recipe not in RECIPES:
-        raise typer.BadParameter(f"unknown recipe {recipe!r}; choose from {', '.join(RECIPES)}")
+    if recipe not in recipes():
+        raise typer.BadParameter(f"unknown recipe {recipe!r}; choose from {', '.join(recipes())}")
     run_id = time.strftime("real-%Y%m%d-%H%M%S") + ("-sync" if sync else "")
     folder = Path(out or f"brigade-runs/{run_id}").resolve()
     overrides: dict = {"sync": True} if sync else {}

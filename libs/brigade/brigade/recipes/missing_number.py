@@ -23,8 +23,16 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from brigade.recipes import word_problems
-from brigade.recipes.word_problems import _ENDS_WITH_ANSWER, ITEMS, NAMES, SEED, final_number
+from brigade.recipes.word_problems import (
+    _ENDS_WITH_ANSWER,
+    ITEMS,
+    NAMES,
+    SEED,
+    final_number,
+    pair_splits,
+    write_splits,
+)
+from brigade.recipes.word_problems import RUN as WORD_PROBLEMS_RUN
 
 SYSTEM = "Answer with the number only."
 SYSTEM_TOOL = "Answer with the number only. Use a tool to find a number you do not know."
@@ -48,7 +56,7 @@ def make_splits(seed: int = SEED, system: str = SYSTEM) -> dict[str, list[dict]]
     `a` is the missing number, never in the prompt; `full` is the problem with it (the environment's
     reply). Held-out pairs are word_problems'."""
     rng = random.Random(seed)
-    heldout, train = word_problems.pair_splits(rng)
+    heldout, train = pair_splits(rng)
 
     def rows(pairs: list[tuple[int, int]], per_pair: int) -> list[dict]:
         out = []
@@ -67,7 +75,7 @@ def make_splits(seed: int = SEED, system: str = SYSTEM) -> dict[str, list[dict]]
 
 def write_dataset(folder: str | Path, seed: int = SEED, system: str = SYSTEM) -> dict[str, Path]:
     """train.jsonl and heldout.jsonl in `folder`."""
-    return word_problems.write_splits(folder, make_splits(seed, system))
+    return write_splits(folder, make_splits(seed, system))
 
 
 class Hint:
@@ -129,10 +137,10 @@ def final_answer_format(completions: list, **kwargs) -> list[float]:
 # The run spec: word_problems' with the Hint environment. A turn is at most 12 tokens (a number, and
 # room to start rambling); 80 tokens hold two turns and the environment's reply (about 40) between.
 # Held-out episodes cost as much as training ones: scored every 20 versions and at the end.
-RUN = word_problems.RUN | {
+RUN = WORD_PROBLEMS_RUN | {
     "max_steps": 40,
     "eval_every": 20,
-    "sampling": word_problems.RUN["sampling"] | {"max_new_tokens": 80},
+    "sampling": WORD_PROBLEMS_RUN["sampling"] | {"max_new_tokens": 80},
     "environment": {"factory": "brigade.recipes.missing_number:Hint", "max_turns": 2, "max_turn_tokens": 12},
     "rewards": [{"function": "brigade.recipes.missing_number:final_answer_format", "weight": 0.25}],
 }
