@@ -335,7 +335,6 @@ class Episode:
     tool_errors: int = 0
     env_s: float = 0.0
     step_reward: float = 0.0
-    stepped: bool = False    # a reset/step environment gave rewards through step
     env_reward: float | None = None  # the environment's reward part (get_reward, or step's sum)
 
     def finish(self, end: str, error: str = "") -> None:
@@ -443,7 +442,6 @@ class EpisodeRunner:
             except Exception as ex:  # noqa: BLE001
                 return e.finish("failed", f"environment step: {type(ex).__name__}: {str(ex)[:300]}")
             e.step_reward += reward
-            e.stepped = True
             if done or observation is None:
                 return e.finish("environment")
             replies = [{"role": "user", "content": observation}]
@@ -495,7 +493,7 @@ class EpisodeRunner:
         try:
             if callable(getattr(env, "get_reward", None)):
                 e.env_reward = float(self._timed(e, env.get_reward))
-            elif e.stepped or callable(getattr(env, "step", None)):
+            elif callable(getattr(env, "step", None)):  # a reset/step environment: its step rewards
                 e.env_reward = e.step_reward
         except Exception as ex:  # noqa: BLE001
             e.finish("failed", f"get_reward: {type(ex).__name__}: {str(ex)[:300]}")

@@ -25,7 +25,7 @@ EVAL_SEED = 1234
 
 def write_recipe(folder: Path, run_id: str, overrides: dict | None = None, recipe: str = "short") -> Path:
     """The data (train.jsonl, heldout.jsonl) and the run spec (real.yaml) of `recipe` (a name in
-    brigade.recipes.RECIPES) in `folder`; dataset paths are absolute, so `brigade up` may run from anywhere."""
+    `recipes()`) in `folder`; dataset paths are absolute, so `brigade up` may run from anywhere."""
     import yaml
 
     from brigade.recipes.word_problems import DATA_DIR
@@ -127,6 +127,7 @@ def real(
     held-out accuracy at the end."""
     import torch
 
+    from brigade.spec import episodic
     from brigade.spec_file import build_spec
 
     if recipe not in recipes():
@@ -168,7 +169,7 @@ def real(
               "minutes": round(minutes, 1), "heldout_base": round(acc[0], 4),
               "heldout_final": round(acc[version], 4), "final_version": version,
               "load_average": " ".join(f"{x:.2f}" for x in os.getloadavg())}
-    if spec.HasField("environment") and (spec.environment.factory or spec.environment.factories):
+    if episodic(spec):
         alone = heldout_accuracy(spec, states, environment=False)  # the same models without the environment
         result |= {"heldout_base_without_environment": round(alone[0], 4),
                    "heldout_final_without_environment": round(alone[version], 4)}

@@ -126,35 +126,29 @@ class HFEngine:
             apply(self.model, self._v0 if state is None else state)
             self.version = version
 
-    @torch.inference_mode()
     def generate(self, prompts: list[ChatPrompt], sampling: pb.SamplingSpec, seed: int, adapter_version: int,
                  should_stop: StopFn) -> list[Sample]:
+        ids = [prompt_ids(self.tokenizer, p) for p in prompts]
+        rows = [(g, p) for g, p in enumerate(ids) for _ in range(sampling.group_size)]
+        return self._generate(rows, sampling, seed, adapter_version, should_stop)
+
+    def generate_tokens(self, rows: list[list[int]], sampling: pb.SamplingSpec, max_new_tokens: int, seed: int,
+                        adapter_version: int, should_stop: StopFn) -> list[Sample]:
+        """One sample per row of token ids (an episode's history); Sample.group is the row's index."""
+        return self._generate(list(enumerate(rows)), sampling, seed, adapter_version, should_stop, max_new_tokens)
+
+    @torch.inference_mode()
+    def _generate(self, rows: list[tuple[int, list[int]]], sampling: pb.SamplingSpec, seed: int, adapter_version: int,
+                  should_stop: StopFn, max_new_tokens: int | None = None) -> list[Sample]:
         with self._lock:
             if adapter_version != self.version:
                 raise WrongAdapter(f"asked for adapter v{adapter_version}, v{self.version} is loaded")
-            ids = [prompt_ids(self.tokenizer, p) for p in prompts]
-            rows = [(g, p) for g, p in enumerate(ids) for _ in range(sampling.group_size)]
             out: list[Sample] = []
             # chunks bound activation memory; each chunk's seed is derived so a batch stays reproducible
             for i in range(0, len(rows), self.max_rows):
                 if should_stop():
                     raise Stopped()
-                out += self._generate_rows(rows[i : i + self.max_rows], sampling, seed + i, should_stop)
-            return out
-
-    @torch.inference_mode()
-    def generate_tokens(self, rows: list[list[int]], sampling: pb.SamplingSpec, max_new_tokens: int, seed: int,
-                        adapter_version: int, should_stop: StopFn) -> list[Sample]:
-        """One sample per row of token ids (an episode's history); Sample.group is the row's index."""
-        with self._lock:
-            if adapter_version != self.version:
-                raise WrongAdapter(f"asked for adapter v{adapter_version}, v{self.version} is loaded")
-            indexed = list(enumerate(rows))
-            out: list[Sample] = []
-            for i in range(0, len(indexed), self.max_rows):
-                if should_stop():
-                    raise Stopped()
-                out += self._generate_rows(indexed[i : i + self.max_rows], sampling, seed + i, should_stop,
+                out += self._generate_rows(rows[i : i + self.max_rows], sampling, seed + i, should_stop,
                                            max_new_tokens)
             return out
 

@@ -29,7 +29,7 @@ from brigade.recipes.word_problems import (
     NAMES,
     SEED,
     final_number,
-    pair_splits,
+    sampled_splits,
     write_splits,
 )
 from brigade.recipes.word_problems import RUN as WORD_PROBLEMS_RUN
@@ -47,30 +47,20 @@ TEMPLATES = [
     ("{name} buys some {item}, then {b} more. How many {item} did {name} buy?",
      "{name} buys {a} {item}, then {b} more. How many {item} did {name} buy?"),
 ]
-TRAIN_PER_PAIR = 8
-HELDOUT_PER_PAIR = 4
 
 
 def make_splits(seed: int = SEED, system: str = SYSTEM) -> dict[str, list[dict]]:
     """{"train": rows, "heldout": rows}; a row is {"prompt": [messages], "answer", "a", "b", "full"}:
     `a` is the missing number, never in the prompt; `full` is the problem with it (the environment's
     reply). Held-out pairs are word_problems'."""
-    rng = random.Random(seed)
-    heldout, train = pair_splits(rng)
+    def row(rng: random.Random, a: int, b: int) -> dict:
+        name, item = rng.choice(NAMES), rng.choice(ITEMS)
+        asked, full = rng.choice(TEMPLATES)
+        return {"prompt": [{"role": "system", "content": system},
+                           {"role": "user", "content": asked.format(b=b, name=name, item=item)}],
+                "answer": a + b, "a": a, "b": b, "full": full.format(a=a, b=b, name=name, item=item)}
 
-    def rows(pairs: list[tuple[int, int]], per_pair: int) -> list[dict]:
-        out = []
-        for a, b in pairs:
-            for _ in range(per_pair):
-                name, item = rng.choice(NAMES), rng.choice(ITEMS)
-                asked, full = rng.choice(TEMPLATES)
-                out.append({"prompt": [{"role": "system", "content": system},
-                                       {"role": "user", "content": asked.format(b=b, name=name, item=item)}],
-                            "answer": a + b, "a": a, "b": b, "full": full.format(a=a, b=b, name=name, item=item)})
-        rng.shuffle(out)
-        return out
-
-    return {"train": rows(train, TRAIN_PER_PAIR), "heldout": rows(heldout, HELDOUT_PER_PAIR)}
+    return sampled_splits(seed, row)
 
 
 def write_dataset(folder: str | Path, seed: int = SEED, system: str = SYSTEM) -> dict[str, Path]:

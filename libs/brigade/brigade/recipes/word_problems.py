@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import random
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 SEED = 2024
@@ -53,27 +54,28 @@ _ENDS_WITH_ANSWER = re.compile(r"-?\d+(\s+[A-Za-z]+)?\s*[.!]?\s*$")
 def make_splits(seed: int = SEED, system: str = SYSTEM) -> dict[str, list[dict]]:
     """{"train": rows, "heldout": rows}; a row is {"prompt": [messages], "answer": int, "a", "b"}.
     The same seed gives the same rows, in the same order, whichever the system message."""
+    def row(rng: random.Random, a: int, b: int) -> dict:
+        text = rng.choice(TEMPLATES).format(a=a, b=b, name=rng.choice(NAMES), item=rng.choice(ITEMS))
+        return {"prompt": [{"role": "system", "content": system}, {"role": "user", "content": text}],
+                "answer": a + b, "a": a, "b": b}
+
+    return sampled_splits(seed, row)
+
+
+def sampled_splits(seed: int, row: Callable[[random.Random, int, int], dict]) -> dict[str, list[dict]]:
+    """{"train": rows, "heldout": rows} over the pairs (a, b) of digits 1-9, shuffled by `seed`, the
+    first HELDOUT_PAIRS held out: `row(rng, a, b)` words each pair TRAIN_PER_PAIR (HELDOUT_PER_PAIR)
+    times, and each split is shuffled."""
     rng = random.Random(seed)
-    heldout, train = pair_splits(rng)
+    pairs = [(a, b) for a in range(1, 10) for b in range(1, 10)]
+    rng.shuffle(pairs)
 
     def rows(pairs: list[tuple[int, int]], per_pair: int) -> list[dict]:
-        out = []
-        for a, b in pairs:
-            for _ in range(per_pair):
-                text = rng.choice(TEMPLATES).format(a=a, b=b, name=rng.choice(NAMES), item=rng.choice(ITEMS))
-                out.append({"prompt": [{"role": "system", "content": system}, {"role": "user", "content": text}],
-                            "answer": a + b, "a": a, "b": b})
+        out = [row(rng, a, b) for a, b in pairs for _ in range(per_pair)]
         rng.shuffle(out)
         return out
 
-    return {"train": rows(train, TRAIN_PER_PAIR), "heldout": rows(heldout, HELDOUT_PER_PAIR)}
-
-
-def pair_splits(rng: random.Random) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
-    """(held-out, training) pairs (a, b) of digits 1-9: HELDOUT_PAIRS of them held out."""
-    pairs = [(a, b) for a in range(1, 10) for b in range(1, 10)]
-    rng.shuffle(pairs)
-    return pairs[:HELDOUT_PAIRS], pairs[HELDOUT_PAIRS:]
+    return {"train": rows(pairs[HELDOUT_PAIRS:], TRAIN_PER_PAIR), "heldout": rows(pairs[:HELDOUT_PAIRS], HELDOUT_PER_PAIR)}
 
 
 def write_splits(folder: str | Path, splits: dict[str, list[dict]]) -> dict[str, Path]:
