@@ -70,7 +70,8 @@ def test_up_trains_on_episodes_and_a_raising_environment_costs_only_its_episodes
     broken = [s for s in doc["samples"] if s["reward"] is None]
     assert broken and all(s["prompt"][0]["content"] == WORDS[3] for s in broken)
     evals = sorted((out / "bucket").rglob("evals/v*.json"))
-    assert evals and json.loads(evals[-1].read_text())["episodes"]["episode/turns"] > 1
+    episodes = json.loads(evals[-1].read_text())["episodes"]
+    assert episodes["episode/turns"] > 1 and 0 <= episodes["episode/env_time_frac"] < 1  # a share of its generation
 
 
 def test_an_environment_the_host_does_not_allow_is_refused_before_anything_runs(tmp_path):

@@ -205,7 +205,8 @@ def test_a_tool_that_hangs_costs_its_episode_not_the_batch(tokenizer):
         if "hang" in history or "<tool_call>" in history.split("<|im_start|>user")[-1]:
             return "Done."
         key = "hang" if "secret 1" in history else "a"
-        return f'<tool_call>{{"name": "lookup", "arguments": {{"key": "{key}"}}}}</tool_call>'
+        call = f'<tool_call>{{"name": "lookup", "arguments": {{"key": "{key}"}}}}</tool_call>'
+        return call + call  # after a hung call, the second of the turn is not run
 
     class Row(Lookup):
         def reset(self, secret: int, **row) -> str:
@@ -216,8 +217,8 @@ def test_a_tool_that_hangs_costs_its_episode_not_the_batch(tokenizer):
     episodes = run(tokenizer, code(factories={None: Row}, timeout_s=0.3), policy, [{"secret": 1}, {"secret": 2}])
     assert time.monotonic() - t0 < 3  # abandoned at the timeout, not waited for
     hung, fine = episodes[:2], episodes[2:]
-    assert all(e.end == "failed" and "longer than 0.3s" in e.error for e in hung)
-    assert all(e.end == "answered" and e.env_reward == 1.0 for e in fine)
+    assert all(e.end == "failed" and "longer than 0.3s" in e.error and e.tool_calls == 1 for e in hung)
+    assert all(e.end == "answered" and e.env_reward == 2.0 for e in fine)
 
 
 def test_a_reset_step_environment_replies_as_a_user_and_sums_its_rewards(tokenizer):

@@ -433,9 +433,10 @@ class EpisodeRunner:
         calls = parse_tool_calls(text) if e.tools else []
         replies: list[dict] = []
         if calls:
-            replies = [self._tool_reply(e, c) for c in calls]
-            if e.done:  # a tool hung: the episode ends here
-                return None
+            for call in calls:
+                replies.append(self._tool_reply(e, call))
+                if e.done:  # a tool hung: the episode ends here, its other calls unrun
+                    return None
         elif e.environment is not None and callable(getattr(e.environment, "step", None)):
             try:
                 observation, reward, done = gym_step(self._timed(e, e.environment.step, text))

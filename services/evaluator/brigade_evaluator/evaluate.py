@@ -75,8 +75,10 @@ async def _evaluate(run: str, version: int, bucket_url: str, redis_url: str, rq_
             sampling.group_size = EVAL_GROUP
             seed = keys.eval_seed(spec.seed, version)
             runner = _episodes(run, spec, engine)
+            generate_s = time.monotonic()
             episodes = runner and await asyncio.to_thread(episode_batch.run, runner, engine, prompts, sampling, seed,
                                                           version, lambda: False)
+            generate_s = time.monotonic() - generate_s
             samples = episode_batch.samples(episodes) if episodes else await asyncio.to_thread(
                 engine.generate, [prompt_value(p) for p in prompts], sampling, seed, version, lambda: False)
             texts = engine.tokenizer.batch_decode([s.completion_ids for s in samples], skip_special_tokens=True)
@@ -88,7 +90,7 @@ async def _evaluate(run: str, version: int, bucket_url: str, redis_url: str, rq_
                                            trust_remote_code=spec.trust_remote_code)
             state = TrainerState(global_step=version, max_steps=spec.max_steps, num_train_epochs=spec.epochs)
             call = RewardCall.for_samples(prompts, samples, texts, state)
-            scores = await (episode_batch.score(rewards, call, episodes, runner.code.reward_classes(), 0.0) if episodes
+            scores = await (episode_batch.score(rewards, call, episodes, runner.code.reward_classes(), generate_s) if episodes
                             else rewards.score(call))
             await rewards.close()
             total = [v for v in scores.total if v is not None and math.isfinite(v)]
