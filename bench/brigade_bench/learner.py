@@ -33,17 +33,19 @@ def _bare_step(trainer, rollouts) -> None:
     import torch.nn.functional as F
 
     from brigade.model import position_ids
-    from brigade_learner.trainer import micro_batches
+    from brigade_learner.trainer import batch_advantages, micro_batches
 
-    model = trainer.model
+    model, g = trainer.model, trainer.spec.grpo
     model.train()
-    for i, rows in micro_batches(rollouts, trainer.spec.grpo.micro_batch_tokens):
-        r = rollouts[i]
-        ids = torch.cat([r.prompt_ids[rows], r.completion_ids[rows]], 1)
-        mask = torch.cat([r.prompt_mask[rows], r.completion_mask[rows]], 1).long()
+    # the rows the step runs: without a KL term it leaves out those whose advantage is 0
+    advantages = None if g.beta > 0 else batch_advantages(rollouts, g.scale_rewards)
+    for mb in micro_batches(rollouts, g.micro_batch_tokens, advantages):
+        r, rows, c = rollouts[mb.rollout], mb.rows, mb.completion_to
+        ids = torch.cat([r.prompt_ids[rows, mb.prompt_from:], r.completion_ids[rows, :c]], 1)
+        mask = torch.cat([r.prompt_mask[rows, mb.prompt_from:], r.completion_mask[rows, :c]], 1).long()
         logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask)).logits
-        p = r.prompt_ids.shape[1]
-        targets = r.completion_ids[rows].masked_fill(r.completion_mask[rows] == 0, -100)
+        p = r.prompt_ids.shape[1] - mb.prompt_from
+        targets = r.completion_ids[rows, :c].masked_fill(r.completion_mask[rows, :c] == 0, -100)
         loss = F.cross_entropy(logits[:, p - 1:-1].flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
         loss.backward()
     model.zero_grad(set_to_none=True)

@@ -128,6 +128,81 @@ def test_micro_batches_accumulate_to_the_full_batch_step(model_dir, agg):
         torch.testing.assert_close(a[k], b[k], atol=2e-5, rtol=1e-4)
 
 
+
+def _sgd(trainer: Trainer) -> Trainer:
+    """The trainer with plain SGD at lr 1: a step moves each parameter by exactly minus its gradient."""
+    params = [p for group in trainer.optimizer.param_groups for p in group["params"]]
+    trainer.optimizer = torch.optim.SGD(params, lr=1.0)
+    trainer.scheduler = torch.optim.lr_scheduler.LambdaLR(trainer.optimizer, lambda s: 1.0)
+    return trainer
+
+
+def _every_row(monkeypatch) -> None:
+    """Make the learner run every row, as it did before it left out zero-advantage ones."""
+    import brigade_learner.trainer as trainer_module
+
+    run_all = trainer_module.micro_batches
+    monkeypatch.setattr(trainer_module, "micro_batches", lambda rollouts, budget, advantages=None: run_all(
+        rollouts, budget))
+
+
+@pytest.mark.parametrize("agg", ["grpo", "dapo", "dr_grpo"])
+def test_zero_advantage_rows_are_not_run_and_the_step_is_the_same(model_dir, monkeypatch, agg):
+    spec = tiny_spec(model_dir, grpo={"loss_agg": agg, "max_grad_norm": 0.0, "micro_batch_tokens": 30})
+    skipping, every = _sgd(Trainer.create(spec)), _sgd(Trainer.create(spec))
+    r = rollout(skipping, seed=3)
+    r.rewards[: spec.sampling.group_size] = 0.5  # the first group's rewards all agree: advantage 0
+    m_skip = skipping.train_step([r])
+    _every_row(monkeypatch)
+    m_all = every.train_step([r])
+    assert m_all["trained_frac"] == 1.0 and 0 < m_skip["trained_frac"] < 1
+    assert m_skip["loss"] == pytest.approx(m_all["loss"], abs=1e-7)
+    assert m_skip["grad_norm"] == pytest.approx(m_all["grad_norm"], rel=1e-5)
+    a, b = lora_params(skipping), lora_params(every)
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=1e-6, rtol=1e-5)
+
+
+def test_a_step_whose_advantages_are_all_zero_runs_no_row_but_still_steps_adam(model_dir, monkeypatch):
+    """With nothing to learn, Adam's moments still decay and move the weights, as they would have
+    on the zero gradient that running every row computes."""
+    spec = tiny_spec(model_dir)
+    skipping, every = Trainer.create(spec), Trainer.create(spec)
+    first = rollout(skipping, seed=3)
+    flat = rollout(skipping, seed=4, batch="tiny:1:0")
+    flat.rewards[:] = 1.0
+    skipping.train_step([first])
+    before = lora_params(skipping)
+    m = skipping.train_step([flat])
+    assert m["trained_frac"] == 0 and m["micro_batches"] == 0 and m["grad_norm"] == 0
+    _every_row(monkeypatch)
+    every.train_step([first])
+    every.train_step([flat])
+    a, b = lora_params(skipping), lora_params(every)
+    assert any(not torch.equal(before[k], a[k]) for k in a)  # momentum moved them
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=1e-6, rtol=1e-5)
+
+
+def test_micro_batches_keep_only_the_columns_their_rows_fill_within_the_budget(model_dir):
+    trainer = Trainer.create(tiny_spec(model_dir, sampling={"max_new_tokens": 12}))
+    r = rollout(trainer, seed=5)
+    r.completion_mask[0, 2:] = 0  # one short completion, so lengths differ
+    prompt_len, completion_len = r.prompt_mask.sum(1), r.completion_mask.sum(1)
+    advantages = torch.ones(r.num_samples)
+    advantages[1] = 0
+    chunks = micro_batches([r], 40, [advantages])
+    rows = torch.cat([mb.rows for mb in chunks]).tolist()
+    assert sorted(rows) == [i for i in range(r.num_samples) if i != 1]  # each once, the zero one left out
+    for mb in chunks:
+        width = r.prompt_ids.shape[1] - mb.prompt_from + mb.completion_to
+        assert len(mb.rows) == 1 or len(mb.rows) * width <= 40
+        assert (prompt_len[mb.rows] <= r.prompt_ids.shape[1] - mb.prompt_from).all()
+        assert (completion_len[mb.rows] <= mb.completion_to).all()
+        assert int(completion_len[mb.rows].max()) == mb.completion_to  # no column of padding only
+    lengths = [int((prompt_len + completion_len)[mb.rows].max()) for mb in chunks]
+    assert lengths == sorted(lengths)  # short rows share micro-batches
+
 async def test_recompute_logprobs_scores_the_generating_version_with_the_learner_numerics(model_dir, tmp_path):
     spec = tiny_spec(model_dir, grpo={"recompute_logprobs": True, "tis_cap": 2.0})
     learner = Trainer.create(spec)

@@ -2,7 +2,8 @@
 
 `Trainer.train_step` reads top to bottom as the algorithm: advantages per group, (optionally) the
 proximal log-probs of the version that generated each rollout, then micro-batches of forward, loss
-and backward with gradient accumulation, then one clipped AdamW step on the LoRA parameters only.
+and backward with gradient accumulation (rows whose advantage is 0 skipped when no KL term gives them
+a gradient), then one clipped AdamW step on the LoRA parameters only.
 It is synchronous and does no IO: the service runs it in a thread while the next step's data
 downloads, and the benchmark calls exactly the same function.
 """
@@ -49,19 +50,53 @@ def lr_factor(step: int, *, schedule: str, warmup_steps: int, max_steps: int) ->
     raise ValueError(f"lr_schedule {schedule!r} is not one of constant, linear, cosine")
 
 
-def micro_batches(rollouts: list[Rollout], token_budget: int) -> list[tuple[int, slice]]:
-    """(rollout index, rows) chunks of at most `token_budget` padded tokens (at least one row).
+@dataclass(frozen=True)
+class MicroBatch:
+    """Rows of one rollout trained together, and the columns they need."""
+    rollout: int           # index into the step's rollouts
+    rows: torch.Tensor     # the rollout's rows (sample indices) in this micro-batch
+    prompt_from: int       # prompt columns before this are left padding in every one of the rows
+    completion_to: int     # completion columns from this on are right padding in every one of them
 
-    A chunk never mixes rollouts, so it keeps the exact padding the worker scored it with: the same
-    shapes give the same numerics, which is what makes an on-policy ratio exactly 1.
+
+def micro_batches(rollouts: list[Rollout], token_budget: int,
+                  advantages: list[torch.Tensor] | None = None) -> list[MicroBatch]:
+    """The step's rows in micro-batches of at most `token_budget` padded tokens (at least one row).
+
+    With `advantages` (only when beta is 0), a row whose advantage is exactly 0 is left out: its loss
+    and its gradient are exactly 0 (a group whose rewards all agree), so the forward and backward on
+    it would buy nothing; the normalisers stay the full batch's, so the step is the same. A
+    micro-batch never mixes rollouts (each has its own padding); rows go in order of length, so the
+    short ones share a micro-batch, and each keeps only the columns its rows fill.
     """
     chunks = []
     for i, r in enumerate(rollouts):
-        width = r.prompt_ids.shape[1] + r.completion_ids.shape[1]
-        rows = max(1, token_budget // width)
-        for start in range(0, r.num_samples, rows):
-            chunks.append((i, slice(start, min(start + rows, r.num_samples))))
+        rows = torch.arange(r.num_samples)
+        if advantages is not None:
+            rows = rows[advantages[i] != 0]
+        prompt_len, completion_len = r.prompt_mask.sum(1), _filled(r.completion_mask)
+        rows = rows[torch.argsort(prompt_len[rows] + completion_len[rows], stable=True)]
+        start = 0
+        while start < len(rows):
+            end = start + 1  # grow while the padded micro-batch stays within the budget
+            while end < len(rows) and (end + 1 - start) * _width(prompt_len, completion_len, rows[start:end + 1]) \
+                    <= token_budget:
+                end += 1
+            take = rows[start:end]
+            chunks.append(MicroBatch(i, take, r.prompt_ids.shape[1] - int(prompt_len[take].max()),
+                                     max(1, int(completion_len[take].max()))))
+            start = end
     return chunks
+
+
+def _filled(completion_mask: torch.Tensor) -> torch.Tensor:
+    """Per row, one past its last completion token (right padding: its length)."""
+    positions = torch.arange(1, completion_mask.shape[1] + 1)
+    return (positions * (completion_mask > 0)).max(1).values
+
+
+def _width(prompt_len: torch.Tensor, completion_len: torch.Tensor, rows: torch.Tensor) -> int:
+    return int(prompt_len[rows].max()) + max(1, int(completion_len[rows].max()))
 
 
 def batch_advantages(rollouts: list[Rollout], scale: str) -> list[torch.Tensor]:
@@ -124,7 +159,8 @@ class Trainer:
         num_tokens = sum(r.num_tokens for r in rollouts)  # the model's own: an episode's replies do not train
         norms = dict(num_sequences=num_sequences, num_tokens=num_tokens,
                      max_new_tokens=max(self.spec.sampling.max_new_tokens, 1))
-        chunks = micro_batches(rollouts, g.micro_batch_tokens)
+        # with a KL term every row has a gradient; without one, a zero-advantage row has none
+        chunks = micro_batches(rollouts, g.micro_batch_tokens, None if g.beta > 0 else advantages)
 
         # 2. decoupled PPO: the behaviour policy re-scored under the learner's own numerics
         prox = self.proximal_logprobs(rollouts, chunks, proximal or {}) if g.recompute_logprobs else None
@@ -132,10 +168,10 @@ class Trainer:
         # 3. forward, loss, backward per micro-batch; gradients accumulate
         stats = _Stats()
         total_loss = 0.0
-        for i, rows in chunks:
-            r = rollouts[i]
-            batch = self._tensors(r, rows)
-            behaviour, mask, adv = batch.pop("logprobs"), batch.pop("loss_mask"), advantages[i][rows].to(self.device)
+        for mb in chunks:
+            batch = self._tensors(rollouts[mb.rollout], mb)
+            behaviour, mask = batch.pop("logprobs"), batch.pop("loss_mask")
+            adv = advantages[mb.rollout][mb.rows].to(self.device)
             ref = None
             if g.beta > 0:
                 # the reference is the same network with the adapter switched off: no second copy
@@ -145,7 +181,7 @@ class Trainer:
             self.model.train()
             logp, entropy = completion_logprobs(self.model, **batch, temperature=temperature, with_entropy=True)
             if prox is not None:            # ratio vs the proximal policy, weight corrects the engine
-                logp_old = prox[i][rows].to(self.device)
+                logp_old = prox[mb.rollout][mb.rows, : mb.completion_to].to(self.device)
                 weight = truncated_is_weight(logp_old, behaviour, g.tis_cap) if g.tis_cap > 0 else None
             elif g.tis_cap > 0:             # truncated IS against the engine, from the current weights
                 logp_old = logp.detach()
@@ -158,6 +194,10 @@ class Trainer:
             total_loss += loss.item()
             stats.add(tl, mask, weight, g.tis_cap, entropy)
         self.model.eval()
+        if not chunks:  # every advantage was 0: a zero gradient, so Adam's moments move as they would
+            for group in self.optimizer.param_groups:
+                for p in group["params"]:
+                    p.grad = torch.zeros_like(p)
 
         # 4. one clipped AdamW step; a non-finite gradient skips the update instead of poisoning it
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
@@ -184,16 +224,17 @@ class Trainer:
             "train_s": train_s, "tokens_per_s": all_tokens / max(train_s, 1e-9),
         }
 
-    def _tensors(self, r: Rollout, rows: slice) -> dict[str, torch.Tensor]:
-        d = self.device
+    def _tensors(self, r: Rollout, mb: MicroBatch) -> dict[str, torch.Tensor]:
+        d, rows, p, c = self.device, mb.rows, mb.prompt_from, mb.completion_to
         return dict(
-            prompt_ids=r.prompt_ids[rows].to(d), prompt_mask=r.prompt_mask[rows].to(d, torch.long),
-            completion_ids=r.completion_ids[rows].to(d), completion_mask=r.completion_mask[rows].to(d, torch.long),
-            logprobs=r.logprobs[rows].to(d), loss_mask=r.loss_mask[rows].to(d, torch.long),
+            prompt_ids=r.prompt_ids[rows, p:].to(d), prompt_mask=r.prompt_mask[rows, p:].to(d, torch.long),
+            completion_ids=r.completion_ids[rows, :c].to(d),
+            completion_mask=r.completion_mask[rows, :c].to(d, torch.long),
+            logprobs=r.logprobs[rows, :c].to(d), loss_mask=r.loss_mask[rows, :c].to(d, torch.long),
         )
 
     @torch.no_grad()
-    def proximal_logprobs(self, rollouts: list[Rollout], chunks: list[tuple[int, slice]],
+    def proximal_logprobs(self, rollouts: list[Rollout], chunks: list[MicroBatch],
                           versions: dict[int, dict[str, torch.Tensor]]) -> list[torch.Tensor]:
         """Log-probs of each rollout under the adapter version that generated it, computed by this
         learner. The adapters are small, so the version's tensors are swapped into the LoRA weights
@@ -207,12 +248,12 @@ class Trainer:
                 if state is None:
                     raise KeyError(f"adapter version {version} is needed to recompute log-probs but was not loaded")
                 adapters.apply(self.model, state)
-                for i, rows in chunks:
-                    if rollouts[i].policy_version == version:
-                        batch = self._tensors(rollouts[i], rows)
+                for mb in chunks:
+                    if rollouts[mb.rollout].policy_version == version:
+                        batch = self._tensors(rollouts[mb.rollout], mb)
                         batch.pop("logprobs")
                         batch.pop("loss_mask")
-                        out[i][rows] = completion_logprobs(
+                        out[mb.rollout][mb.rows, : mb.completion_to] = completion_logprobs(
                             self.model, **batch, temperature=self.spec.sampling.temperature).cpu()
         finally:
             adapters.apply(self.model, current)
@@ -246,10 +287,14 @@ class Trainer:
 
 
 class _Stats:
-    """Token-level sums over micro-batches, reduced once at the end."""
+    """Token-level sums over micro-batches, reduced once at the end. Clip fractions and KL are over
+    every completion token (a zero-advantage row is never clipped, and is trained when a KL term
+    makes its gradient nonzero), as TRL reports them; entropy, ratios and weights over the tokens
+    trained, which `trained_frac` says."""
 
     def __init__(self) -> None:
         self.kl = self.low = self.high = self.ratio_sum = self.weight_sum = self.capped = self.entropy = 0.0
+        self.trained = 0
         self.ratio_min, self.ratio_max = math.inf, -math.inf
         self.weighted = False
 
@@ -257,6 +302,7 @@ class _Stats:
     def add(self, tl, mask: torch.Tensor, weight: torch.Tensor | None, cap: float = 0.0,
             entropy: torch.Tensor | None = None) -> None:
         on = mask > 0
+        self.trained += int(on.sum())
         self.kl += float(tl.kl[on].sum())
         if entropy is not None:
             self.entropy += float(entropy[on].sum())
@@ -273,16 +319,16 @@ class _Stats:
             self.capped += float((weight[on] >= cap).sum())
 
     def summary(self, num_tokens: int) -> dict[str, float]:
-        n = max(num_tokens, 1)
+        n, t = max(num_tokens, 1), max(self.trained, 1)
         out = {
             "kl": self.kl / n, "clip_low_frac": self.low / n, "clip_high_frac": self.high / n,
-            "entropy": self.entropy / n,
-            "ratio_mean": self.ratio_sum / n,
-            "ratio_min": self.ratio_min if num_tokens else 1.0, "ratio_max": self.ratio_max if num_tokens else 1.0,
+            "entropy": self.entropy / t, "ratio_mean": self.ratio_sum / t if self.trained else 1.0,
+            "ratio_min": self.ratio_min if self.trained else 1.0, "ratio_max": self.ratio_max if self.trained else 1.0,
+            "trained_frac": self.trained / n,
         }
         if self.weighted:
-            out["is_weight_mean"] = self.weight_sum / n
-            out["is_weight_capped_frac"] = self.capped / n  # tokens whose weight tis_cap truncated
+            out["is_weight_mean"] = self.weight_sum / t if self.trained else 1.0
+            out["is_weight_capped_frac"] = self.capped / t  # tokens whose weight tis_cap truncated
         return out
 
 
