@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from brigade_bench import repeat, report
+from brigade_bench import notes, repeat, report, targets
 
 
 def test_which_way_is_better_is_read_off_the_name():
@@ -84,7 +84,7 @@ def test_targets_are_judged_on_the_worst_run():
 
 
 def test_a_nan_figure_is_the_worst_run():
-    t = report.TARGETS[0]
+    t = targets.TARGETS[0]
     assert math.isnan(t.margin({"put_ratio": float("nan")})) and not t.check({"put_ratio": float("nan")})
     rows = report.evaluate({"bucket": _runs({"put_ratio": 1.0}, {"put_ratio": float("nan")})})
     assert rows[0].status == "miss" and rows[0].worst_run.startswith("run 2")
@@ -92,7 +92,7 @@ def test_a_nan_figure_is_the_worst_run():
 
 @pytest.mark.parametrize("strict,value,ok", [(True, 0.10, False), (True, 0.09, True), (False, 1.10, True)])
 def test_strict_and_inclusive_bounds(strict, value, ok):
-    t = report.Target("b", "w", report._const(""), report._const(""), lambda r: r["v"], report._num(0.10 if strict else 1.10),
+    t = targets.Target("b", "w", targets._const(""), targets._const(""), lambda r: r["v"], targets._num(0.10 if strict else 1.10),
                       strict=strict)
     assert t.check({"v": value}) is ok
 
@@ -124,17 +124,17 @@ def test_the_two_call_p99_is_shown_with_the_cores_its_phase_used():
                "slow_stretch_s": 0.4, "target_acquire_p99_ms": 25.0, "one_call_phase_cores": 1.3,
                "one_call_cpu_ms_per_cycle": 0.7, "one_call_clients_cpu_ms_per_cycle": 0.4,
                "one_call_redis_cpu_ms_per_cycle": 0.25, "one_call_p99_ms": 6.0}
-    note = report.proxy_notes(figures)
+    note = notes.proxy_notes(figures)
     assert f"together 1.95 cores of this machine's {os.cpu_count()}, which was 97 % busy" in note and "1.3 cores" in note
     assert "Against a gRPC server" not in note  # from before the two-call floor was measured
     assert "99 % in the 100 ms windows holding a call over 25 ms (2.0 % of the calls" in note
-    quiet = report.proxy_notes({**figures, "machine_slow_busy": math.nan, "over_target_share": 0.0,
+    quiet = notes.proxy_notes({**figures, "machine_slow_busy": math.nan, "over_target_share": 0.0,
                                 "floor_phase_cores": 1.2, "floor_cpu_ms_per_two_call_cycle": 0.64,
                                 "floor_acquire_p99_ms": 1.7})
     assert "busy over the phase (no call over 25 ms)" in quiet and "nan" not in quiet
     assert "used 1.2 cores (the server 0.64 ms a cycle: gRPC alone), with a p99 of 1.7 ms" in quiet
-    assert report.proxy_notes({"acquire_p99_ms": 9.0}) == ""
-    assert "At 1000 cycles/s offered (757 carried) with two calls" in report.proxy_notes(
+    assert notes.proxy_notes({"acquire_p99_ms": 9.0}) == ""
+    assert "At 1000 cycles/s offered (757 carried) with two calls" in notes.proxy_notes(
         {**figures, "paced_cycles_per_s": 757.0})
 
 

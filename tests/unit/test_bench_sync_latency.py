@@ -9,7 +9,7 @@ import pytest
 
 from brigade import keys
 from brigade.bucket import CorruptObject, open_bucket
-from brigade_bench import report, sync_latency
+from brigade_bench import notes, sync_latency
 
 
 @pytest.mark.parametrize("read", ["get", "get_buffer"])  # read_version: the manifest, then the files
@@ -42,6 +42,6 @@ def test_control_figures_from_the_rounds():
     assert (got["7b_faults"], got["7b_unchecked_faults"], got["7b_raw_faults"]) == (33000, 32000, 24000)
     lone = {f"7b_1w_{k[3:]}": v for k, v in got.items()}
     r = {**got, **lone, "workers": 4, "7b_busy": 0.77}
-    note = report._sync_control(r)
+    note = notes._sync_control(r)
     assert "1.28x raw with 4 workers" in note and "costs one core 31 ms" in note
-    assert report._sync_control({}) == ""
+    assert notes._sync_control({}) == ""
