@@ -28,8 +28,8 @@ in the same run.
 
 Two recipes (`brigade.recipes.word_problems.RECIPES`): `short` (this benchmark: the number only,
 12 new tokens, so training takes most of a step) and `gen` (`brigade bench real-gen`: the model
-works before it answers, up to 128 new tokens, so generation does; async should reach the same
-accuracy >= 1.3x sooner than TRL there, generating while the learner trains). Which one a run is
+works before it answers, up to 128 new tokens, so generation takes a larger share; async should
+reach the same accuracy >= 1.3x sooner than TRL there, generating while the learner trains). Which one a run is
 says itself: gen_batch_s and train_step_s are one step's generation (the hf engine, the recipe's
 batch) and learner step on this machine, and `dominated_by` the larger. A full run takes each side
 once (`FULL_REPEAT` runs: judge the median of the runs a side).

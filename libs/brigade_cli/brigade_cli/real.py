@@ -119,7 +119,7 @@ def real(
     max_wall: float = typer.Option(2400.0, "--max-wall", help="Stop the run after this many seconds."),
     recipe: str = typer.Option("short", "--recipe",
                                help="short: answer with the number, 12 new tokens (training takes most of a step); "
-                                    "gen: work it out first, up to 128 new tokens (generation does); "
+                                    "gen: work it out first, up to 128 new tokens (a larger share of generation); "
                                     "episodes: a number is missing, and the environment tells it after a wrong "
                                     "answer (two turns)."),
 ) -> None:

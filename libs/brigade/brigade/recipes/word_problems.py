@@ -15,7 +15,10 @@ Everything here is torch-free (the proxy reads the dataset, workers import the r
 - `RUN`, the run spec, tuned on this 2-core machine (see docs/getting-started.md, "A real model"):
   12 new tokens, so a step's time goes to training, not generation; `RUN_LONG`, the same problems
   with a system message that lets the model work before it answers and up to 128 new tokens, so
-  generation takes most of a step (the two recipes of `brigade bench real` and `real-gen`).
+  generation takes a larger share of a step (the two recipes of `brigade bench real` and
+  `real-gen`). On a 2-core CPU training still dominates it: a learner step costs more per token
+  than generating it, and the model learns to answer in about 20 tokens within 8 versions
+  (bench/report.md, "staleness").
   `RECIPES` names both, with the system message each one's data is written with.
 
 Sampled at the recipe's temperature, the base model answers about a quarter of the held-out problems
@@ -142,7 +145,7 @@ RUN = {
                 {"function": "brigade.recipes.word_problems:answer_format", "weight": 0.25}],
 }
 
-# The generation-dominated recipe: the same problems, the model may work for up to 128 tokens and
+# The long-completion recipe: the same problems, the model may work for up to 128 tokens and
 # `correct` reads the last number it writes; everything else as RUN, so the two differ in where a
 # step's time goes.
 RUN_LONG = RUN | {"sampling": RUN["sampling"] | {"max_new_tokens": 128}}
