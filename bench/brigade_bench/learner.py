@@ -40,12 +40,12 @@ def _bare_step(trainer, rollouts) -> None:
     # the rows the step runs: without a KL term it leaves out those whose advantage is 0
     advantages = None if g.beta > 0 else batch_advantages(rollouts, g.scale_rewards)
     for mb in micro_batches(rollouts, g.micro_batch_tokens, advantages):
-        r, rows, c = rollouts[mb.rollout], mb.rows, mb.completion_to
-        ids = torch.cat([r.prompt_ids[rows, mb.prompt_from:], r.completion_ids[rows, :c]], 1)
-        mask = torch.cat([r.prompt_mask[rows, mb.prompt_from:], r.completion_mask[rows, :c]], 1).long()
+        t = trainer._tensors(rollouts[mb.rollout], mb)  # the step's own slicing of the micro-batch
+        ids = torch.cat([t["prompt_ids"], t["completion_ids"]], 1)
+        mask = torch.cat([t["prompt_mask"], t["completion_mask"]], 1)
         logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask)).logits
-        p = r.prompt_ids.shape[1] - mb.prompt_from
-        targets = r.completion_ids[rows, :c].masked_fill(r.completion_mask[rows, :c] == 0, -100)
+        p = t["prompt_ids"].shape[1]
+        targets = t["completion_ids"].masked_fill(t["completion_mask"] == 0, -100)
         loss = F.cross_entropy(logits[:, p - 1:-1].flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
         loss.backward()
     model.zero_grad(set_to_none=True)

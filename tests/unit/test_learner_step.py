@@ -128,7 +128,6 @@ def test_micro_batches_accumulate_to_the_full_batch_step(model_dir, agg):
         torch.testing.assert_close(a[k], b[k], atol=2e-5, rtol=1e-4)
 
 
-
 def _sgd(trainer: Trainer) -> Trainer:
     """The trainer with plain SGD at lr 1: a step moves each parameter by exactly minus its gradient."""
     params = [p for group in trainer.optimizer.param_groups for p in group["params"]]

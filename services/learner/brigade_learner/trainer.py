@@ -75,16 +75,16 @@ def micro_batches(rollouts: list[Rollout], token_budget: int,
         if advantages is not None:
             rows = rows[advantages[i] != 0]
         prompt_len, completion_len = r.prompt_mask.sum(1), _filled(r.completion_mask)
-        rows = rows[torch.argsort(prompt_len[rows] + completion_len[rows], stable=True)]
+        order = rows[torch.argsort(prompt_len[rows] + completion_len[rows], stable=True)].tolist()
         start = 0
-        while start < len(rows):
-            end = start + 1  # grow while the padded micro-batch stays within the budget
-            while end < len(rows) and (end + 1 - start) * _width(prompt_len, completion_len, rows[start:end + 1]) \
-                    <= token_budget:
-                end += 1
-            take = rows[start:end]
-            chunks.append(MicroBatch(i, take, r.prompt_ids.shape[1] - int(prompt_len[take].max()),
-                                     max(1, int(completion_len[take].max()))))
+        while start < len(order):
+            end, p_max, c_max = start, 0, 1  # grow while the padded micro-batch stays within the budget
+            while end < len(order):
+                p, c = max(p_max, int(prompt_len[order[end]])), max(c_max, int(completion_len[order[end]]))
+                if end > start and (end + 1 - start) * (p + c) > token_budget:
+                    break
+                end, p_max, c_max = end + 1, p, c
+            chunks.append(MicroBatch(i, torch.tensor(order[start:end]), r.prompt_ids.shape[1] - p_max, c_max))
             start = end
     return chunks
 
@@ -93,10 +93,6 @@ def _filled(completion_mask: torch.Tensor) -> torch.Tensor:
     """Per row, one past its last completion token (right padding: its length)."""
     positions = torch.arange(1, completion_mask.shape[1] + 1)
     return (positions * (completion_mask > 0)).max(1).values
-
-
-def _width(prompt_len: torch.Tensor, completion_len: torch.Tensor, rows: torch.Tensor) -> int:
-    return int(prompt_len[rows].max()) + max(1, int(completion_len[rows].max()))
 
 
 def batch_advantages(rollouts: list[Rollout], scale: str) -> list[torch.Tensor]:
